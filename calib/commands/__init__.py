@@ -1,0 +1,1 @@
+"""One module per ``calib`` subcommand (see calib.cli.COMMANDS)."""

@@ -1,0 +1,8 @@
+"""Stage 1: profiler traces and nccl-tests logs into per-rank tables (a *run*).
+
+Nothing here imports a later stage (calibrate, analytic, reports) or the ``calib`` CLI.
+"""
+
+from ingest.errors import InputError
+
+__all__ = ["InputError"]
