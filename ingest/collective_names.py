@@ -31,8 +31,19 @@ SCATTER = "scatter"
 UNKNOWN = "unknown"
 
 CANONICAL = (
-    ALLREDUCE, ALLGATHER, REDUCESCATTER, ALLTOALL, BROADCAST, REDUCE, SENDRECV, SEND, RECV,
-    BARRIER, GATHER, SCATTER, UNKNOWN,
+    ALLREDUCE,
+    ALLGATHER,
+    REDUCESCATTER,
+    ALLTOALL,
+    BROADCAST,
+    REDUCE,
+    SENDRECV,
+    SEND,
+    RECV,
+    BARRIER,
+    GATHER,
+    SCATTER,
+    UNKNOWN,
 )
 
 _FACTOR_2 = {ALLREDUCE}
@@ -41,16 +52,29 @@ _FACTOR_N1 = {ALLGATHER, REDUCESCATTER, ALLTOALL, GATHER, SCATTER}
 # Aliases seen in NCCL kernel names, trace args ("Collective name"), gloo annotations,
 # c10d op names and nccl-tests binaries, lower-cased with separators removed.
 _ALIASES = {
-    "allreduce": ALLREDUCE, "allreducecoalesced": ALLREDUCE,
-    "allgather": ALLGATHER, "allgatherbase": ALLGATHER, "allgatherintotensor": ALLGATHER,
-    "allgathercoalesced": ALLGATHER, "allgatherintotensorcoalesced": ALLGATHER,
-    "reducescatter": REDUCESCATTER, "reducescatterbase": REDUCESCATTER,
-    "reducescattertensor": REDUCESCATTER, "reducescattertensorcoalesced": REDUCESCATTER,
-    "alltoall": ALLTOALL, "alltoallbase": ALLTOALL, "alltoallv": ALLTOALL,
-    "broadcast": BROADCAST, "bcast": BROADCAST,
+    "allreduce": ALLREDUCE,
+    "allreducecoalesced": ALLREDUCE,
+    "allgather": ALLGATHER,
+    "allgatherbase": ALLGATHER,
+    "allgatherintotensor": ALLGATHER,
+    "allgathercoalesced": ALLGATHER,
+    "allgatherintotensorcoalesced": ALLGATHER,
+    "reducescatter": REDUCESCATTER,
+    "reducescatterbase": REDUCESCATTER,
+    "reducescattertensor": REDUCESCATTER,
+    "reducescattertensorcoalesced": REDUCESCATTER,
+    "alltoall": ALLTOALL,
+    "alltoallbase": ALLTOALL,
+    "alltoallv": ALLTOALL,
+    "broadcast": BROADCAST,
+    "bcast": BROADCAST,
     "reduce": REDUCE,
-    "sendrecv": SENDRECV, "send": SEND, "recv": RECV,
-    "barrier": BARRIER, "gather": GATHER, "scatter": SCATTER,
+    "sendrecv": SENDRECV,
+    "send": SEND,
+    "recv": RECV,
+    "barrier": BARRIER,
+    "gather": GATHER,
+    "scatter": SCATTER,
 }
 
 
@@ -58,8 +82,8 @@ def canonical(name: str) -> str:
     """Map any spelling (``all_gather``, ``_allgather_base_``, ``AllReduce``) to a canonical name."""
     key = re.sub(r"[^a-z]", "", name.lower())
     for prefix in ("c10d", "gloo", "nccl", "nccldevkernel", "ncclkernel"):
-        if key.startswith(prefix) and key[len(prefix):] in _ALIASES:
-            key = key[len(prefix):]
+        if key.startswith(prefix) and key[len(prefix) :] in _ALIASES:
+            key = key[len(prefix) :]
             break
     return _ALIASES.get(key, UNKNOWN)
 

@@ -21,7 +21,9 @@ from ingest.errors import InputError
 from ingest.schema import RUN_FORMAT, SCHEMA_VERSION, TABLES, RunMeta, conform
 
 
-def write_run(target: Path, meta: RunMeta, tables: Mapping[str, pd.DataFrame], *, overwrite: bool = True) -> Path:
+def write_run(
+    target: Path, meta: RunMeta, tables: Mapping[str, pd.DataFrame], *, overwrite: bool = True
+) -> Path:
     """Write ``meta`` and ``tables`` to ``target`` atomically and return ``target``.
 
     An existing run at ``target`` is replaced only once the new one is complete.
@@ -67,7 +69,9 @@ class Run:
     def table(self, name: str) -> pd.DataFrame:
         if name not in self._cache:
             if not self.has(name):
-                raise InputError(self.path, f"run has no '{name}' table (it has: {', '.join(self.meta.tables)})")
+                raise InputError(
+                    self.path, f"run has no '{name}' table (it has: {', '.join(self.meta.tables)})"
+                )
             try:
                 self._cache[name] = pq.read_table(self.path / f"{name}.parquet").to_pandas()
             except (OSError, ValueError) as exc:

@@ -281,8 +281,12 @@ class RunMeta:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> RunMeta:
         d = dict(d)
-        d["framework"] = Framework(**{**d.get("framework", {}), "detected_from": tuple(
-            d.get("framework", {}).get("detected_from", ()))})
+        d["framework"] = Framework(
+            **{
+                **d.get("framework", {}),
+                "detected_from": tuple(d.get("framework", {}).get("detected_from", ())),
+            }
+        )
         d["process_groups"] = tuple(
             ProcessGroup(**{**pg, "ranks": tuple(pg.get("ranks", ()))}) for pg in d.get("process_groups", ())
         )

@@ -1,0 +1,179 @@
+"""``calib ingest``: traces or nccl-tests logs into a run directory."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+import pandas as pd
+
+from ingest.errors import InputError
+from ingest.pipeline import FRAMEWORKS, IngestOptions, summary_frames
+from ingest.pipeline import ingest as run_ingest
+from ingest.rules import load_rules
+from ingest.rundir import write_run
+from ingest.schema import KIND_TRACE
+from ingest.store import check_name, default_store, run_dir
+
+_MODEL_KEYS = {"d": int, "l": int, "a": int, "s": int, "V": int, "b": int, "name": str}
+
+
+def _parse_model(text: str | None) -> dict:
+    if not text:
+        return {}
+    out: dict = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        key = key.strip()
+        if key not in _MODEL_KEYS or not value:
+            raise InputError(
+                "--model", f"expected KEY=VALUE pairs with keys {', '.join(_MODEL_KEYS)}; got '{part}'"
+            )
+        try:
+            out[key] = _MODEL_KEYS[key](value.strip())
+        except ValueError:
+            raise InputError("--model", f"'{key}' must be an integer, got '{value}'") from None
+        if isinstance(out[key], int) and out[key] <= 0:
+            raise InputError("--model", f"'{key}' must be positive, got {out[key]}")
+    return out
+
+
+def _progress(total: int):
+    """tqdm on a terminal, nothing when stderr is piped (CI, logs)."""
+
+    def wrap(it):
+        if total < 2 or not sys.stderr.isatty():
+            return it
+        from tqdm import tqdm
+
+        return tqdm(it, total=total, desc="ingest", unit="rank", file=sys.stderr)
+
+    return wrap
+
+
+@click.command(name="ingest")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--system", help="System the run was recorded on (e.g. polaris); files it in the store under that name."
+)
+@click.option("--name", "run_name", help="Run name (default: derived from the first path).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    help="Write the run directory here instead of the store.",
+)
+@click.option(
+    "--store",
+    type=click.Path(path_type=Path),
+    help="Store directory (default ./calib-store or $CALIB_STORE).",
+)
+@click.option(
+    "--framework", type=click.Choice(FRAMEWORKS), help="State the framework when the trace cannot tell."
+)
+@click.option(
+    "--zero-stage", type=int, help="State the ZeRO stage (0-3); ZeRO-1 and ZeRO-2 look alike in traces."
+)
+@click.option("--model", "model_spec", help="Model shape, e.g. d=768,l=12,a=12,s=1024,V=50257,b=8.")
+@click.option(
+    "--rules",
+    "rules_file",
+    type=click.Path(path_type=Path),
+    help="JSON/YAML file of extra classification rules.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the run (metadata and tables) as JSON.")
+def ingest_cmd(
+    paths, system, run_name, out_dir, store, framework, zero_stage, model_spec, rules_file, as_json
+):
+    """Turn Kineto traces or nccl-tests logs into a run (run.json + Parquet tables).
+
+    PATH is a trace (.json or .json.gz), a directory of per-rank traces, or nccl-tests
+    output logs (detected by content).  For each rank and iteration (ProfilerStep#N; the
+    whole trace when there is none) it prints the buckets of Cheng et al. (POMACS 2024) in
+    seconds and percent of the iteration: communication (total, and exposed = not
+    overlapped by compute), kernel execution (memcpy/memset as a sub-bucket), intra-op
+    dispatch, inter-op dispatch and other (host waits); then the kernel-class shares of
+    kernel time and the collectives (bytes in nccl-tests' size convention, algbw and busbw
+    in GB/s with nccl-tests' bus factors).
+    """
+    if system:
+        check_name("system", system)
+    if run_name:
+        check_name("name", run_name)
+    options = IngestOptions(
+        system=system,
+        name=run_name,
+        framework=framework,
+        zero_stage=zero_stage,
+        model=_parse_model(model_spec),
+        rules=load_rules(rules_file),
+    )
+    n_files = sum(1 for p in paths if p.is_file()) + sum(len(list(p.glob("*"))) for p in paths if p.is_dir())
+    meta, tables = run_ingest(paths, options, progress=_progress(n_files))
+    target = out_dir if out_dir is not None else run_dir(store or default_store(), system, meta.name)
+    write_run(target, meta, tables)
+    if as_json:
+        doc = {
+            "run_dir": str(target),
+            "meta": meta.to_json(),
+            "tables": {k: json.loads(v.to_json(orient="records")) for k, v in tables.items()},
+        }
+        click.echo(json.dumps(doc, indent=1, default=str))
+        return
+    if meta.kind == KIND_TRACE:
+        _print_trace_run(meta, tables)
+    else:
+        _print_samples(meta, tables)
+    click.echo(f"\nrun written to {target}")
+
+
+ingest = ingest_cmd  # the name calib.cli.COMMANDS resolves
+
+
+def _print_trace_run(meta, tables) -> None:
+    fw = meta.framework
+    fw_text = fw.name + (f", ZeRO-{fw.zero_stage}" if fw.zero_stage is not None else "")
+    fw_text += f", {fw.sharding_strategy}" if fw.sharding_strategy else ""
+    fw_text += " (stated)" if fw.stated else ""
+    click.echo(
+        f"run {meta.name}: {len(meta.ranks)} rank(s) of world size {meta.world_size}, backend {meta.backend}, "
+        f"devices {', '.join(meta.devices) or '-'}, framework {fw_text}"
+    )
+    for note in meta.notes:
+        click.echo(f"  note: {note}")
+    b = tables["buckets"]
+    views = summary_frames(tables)
+    cols = ["comm_s", "comm_exposed_s", "kernel_s", "memcpy_s", "intra_op_s", "inter_op_s", "other_s"]
+    show = pd.DataFrame({"rank": b["rank"], "iter": b["iteration"], "wall_s": b["wall_s"]})
+    for c in cols:
+        label = c.removesuffix("_s")
+        show[f"{label}_s"] = b[c]
+        show[f"{label}%"] = views["bucket_pct"][f"{c}%"]
+    click.echo("\nTime buckets per rank and iteration (seconds; % of wall time):")
+    with pd.option_context("display.width", 250, "display.max_columns", 40, "display.max_rows", 500):
+        click.echo(show.to_string(index=False, float_format=_fmt))
+        if "class_pct" in views:
+            click.echo("\nKernel classes, % of kernel time:")
+            click.echo(views["class_pct"].to_string(float_format=lambda v: f"{v:.1f}"))
+        if "collective_summary" in views:
+            click.echo("\nCollectives (bytes = nccl-tests size; -1 = unknown; bandwidths in GB/s):")
+            click.echo(views["collective_summary"].to_string(index=False, float_format=_fmt))
+
+
+def _print_samples(meta, tables) -> None:
+    s = tables["samples"]
+    click.echo(f"run {meta.name}: {len(s)} nccl-tests samples from {len(meta.sources)} file(s)")
+    with pd.option_context("display.width", 200, "display.max_rows", 60):
+        summary = s.groupby(["collective", "nnodes", "nranks", "setup"]).agg(
+            sizes=("bytes", "nunique"), max_busbw_gbps=("busbw_oop_gbps", "max")
+        )
+        click.echo(summary.reset_index().to_string(index=False, float_format=_fmt))
+
+
+def _fmt(v: float) -> str:
+    if not np.isfinite(v):
+        return "nan"
+    return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"

@@ -1,0 +1,188 @@
+"""Seed 004's time buckets, per iteration, from one priority sweep of the timeline.
+
+Layers in priority order: communication; compute kernels by class; memcpy/memset; the
+host waiting (sync, data loading) -> "other"; the host inside an operator -> intra-op
+dispatch; nothing at all -> inter-op dispatch.  Each instant of an iteration window goes
+to exactly one bucket, so the buckets sum to the wall time by construction.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ingest.events import Events
+from ingest.intervals import Nesting, sweep
+from ingest.schema import KERNEL_CLASSES
+from ingest.timeline import CLASS_PRIORITY, MEMORY_CLASSES, Timeline
+
+NS = 1e-9
+
+
+def compute(ev: Events, tl: Timeline, rank: int) -> dict[str, pd.DataFrame]:
+    """Buckets, kernel-class shares and intra-op attribution for one rank."""
+    s, e = ev.start, ev.end
+    class_layers = []
+    for cname in CLASS_PRIORITY:
+        sel = tl.act_class == KERNEL_CLASSES.index(cname)
+        class_layers.append((tl.act_start[sel], tl.act_end[sel]))
+    layers = [(s[tl.comm], e[tl.comm]), *class_layers, (s[tl.waits], e[tl.waits]), (s[tl.ops], e[tl.ops])]
+    sw = sweep(layers, tl.win_start, tl.win_end)
+    nwin = len(tl.win_start)
+    owned = sw.per_window(nwin)  # (W, K+1)
+    n_cls = len(CLASS_PRIORITY)
+    k_comm, k_cls0, k_wait, k_op, k_none = 0, 1, 1 + n_cls, 2 + n_cls, 3 + n_cls
+    mem_cols = [k_cls0 + CLASS_PRIORITY.index(c) for c in MEMORY_CLASSES]
+    compute_rows = [k_cls0 + i for i, c in enumerate(CLASS_PRIORITY) if c not in MEMORY_CLASSES]
+    compute_active = sw.active[compute_rows].any(axis=0)
+    wall = (tl.win_end - tl.win_start).astype(np.float64)
+
+    first = _first_segment(tl.act_event)  # count each kernel (or CPU op) once
+    n_kernels = _count_in_windows(tl.act_start[first], tl.win_start, tl.win_end)
+    outer_ops = tl.ops[tl.op_nest.outermost]
+    n_ops = _count_in_windows(s[outer_ops], tl.win_start, tl.win_end)
+    buckets = pd.DataFrame(
+        {
+            "rank": np.int32(rank),
+            "iteration": tl.iteration.astype(np.int64),
+            "device": tl.device,
+            "start_s": tl.win_start * NS,
+            "wall_s": wall * NS,
+            "comm_s": owned[:, k_comm] * NS,
+            "comm_exposed_s": sw.sum_where(nwin, sw.active[k_comm] & ~compute_active) * NS,
+            "kernel_s": owned[:, k_cls0 : k_cls0 + n_cls].sum(axis=1) * NS,
+            "memcpy_s": owned[:, mem_cols].sum(axis=1) * NS,
+            "intra_op_s": owned[:, k_op] * NS,
+            "inter_op_s": owned[:, k_none] * NS,
+            "other_s": owned[:, k_wait] * NS,
+            "compute_s": (wall - owned[:, k_comm]) * NS,
+            "compute_busy_s": sw.sum_where(nwin, compute_active) * NS,
+            "n_kernels": n_kernels,
+            "n_ops": n_ops,
+            "n_gemms": np.zeros(nwin, dtype=np.int64),
+            "gemm_flops": np.full(nwin, np.nan),
+        }
+    )
+
+    # kernel classes: time_s partitions kernel_s; busy_s sums durations started in the window
+    act_win = _window_of(tl.act_start, tl.win_start, tl.win_end)
+    act_dur = (tl.act_end - tl.act_start).astype(np.float64)
+    rows = []
+    for i, cname in enumerate(CLASS_PRIORITY):
+        ci = KERNEL_CLASSES.index(cname)
+        m = (tl.act_class == ci) & (act_win >= 0)
+        busy = np.bincount(act_win[m], weights=act_dur[m], minlength=nwin)
+        count = np.bincount(act_win[m & first], minlength=nwin)
+        rows.append(
+            pd.DataFrame(
+                {
+                    "rank": np.int32(rank),
+                    "iteration": tl.iteration.astype(np.int64),
+                    "kernel_class": cname,
+                    "time_s": owned[:, k_cls0 + i] * NS,
+                    "busy_s": busy * NS,
+                    "count": count.astype(np.int64),
+                }
+            )
+        )
+    kernels = pd.concat(rows, ignore_index=True)
+    dispatch = _intra_op_attribution(ev, tl, sw, k_op, rank)
+    return {"buckets": buckets, "kernels": kernels, "dispatch_ops": dispatch}
+
+
+def _first_segment(event: np.ndarray) -> np.ndarray:
+    """True for the first interval of each event (CPU ops may own several self segments)."""
+    first = np.zeros(len(event), dtype=bool)
+    if len(event):
+        _, idx = np.unique(event, return_index=True)
+        first[idx] = True
+    return first
+
+
+def _window_of(t: np.ndarray, ws: np.ndarray, we: np.ndarray) -> np.ndarray:
+    wid = np.searchsorted(ws, t, side="right") - 1
+    ok = wid >= 0
+    ok[ok] = t[ok] < we[wid[ok]]
+    return np.where(ok, wid, -1)
+
+
+def _count_in_windows(t: np.ndarray, ws: np.ndarray, we: np.ndarray) -> np.ndarray:
+    wid = _window_of(t, ws, we)
+    return np.bincount(wid[wid >= 0], minlength=len(ws)).astype(np.int64)
+
+
+def _intra_op_attribution(ev: Events, tl: Timeline, sw, k_op: int, rank: int) -> pd.DataFrame:
+    """Intra-op dispatch time per innermost host operator (seed 004 Table 6, intra-op rows).
+
+    For each elementary segment owned by the intra-op layer, the innermost operator
+    active on any compute thread (the most recently started) gets the segment's time.
+    """
+    seg = np.flatnonzero((sw.owner == k_op) & (sw.window >= 0))
+    cols = {"rank": [], "iteration": [], "op": [], "intra_op_s": []}
+    if len(seg) == 0 or len(tl.ops) == 0:
+        return pd.DataFrame(cols).astype(
+            {"rank": "int32", "iteration": "int64", "op": object, "intra_op_s": float}
+        )
+    t = sw.bounds[seg]
+    nest: Nesting = tl.op_nest
+    best = np.full(len(seg), -1, dtype=np.int64)
+    best_start = np.full(len(seg), np.iinfo(np.int64).min)
+    for th in tl.host_threads:
+        found = nest.innermost(np.full(len(seg), th), t)
+        ok = found >= 0
+        later = ok & (nest.start[np.maximum(found, 0)] > best_start)
+        best = np.where(later, found, best)
+        best_start = np.where(later, nest.start[np.maximum(found, 0)], best_start)
+    ok = best >= 0
+    op_name = ev.name[tl.ops[best[ok]]]
+    df = pd.DataFrame(
+        {
+            "win": sw.window[seg[ok]],
+            "op_code": op_name,
+            "len": sw.length[seg[ok]].astype(np.float64),
+        }
+    )
+    agg = df.groupby(["win", "op_code"], sort=True)["len"].sum().reset_index()
+    return pd.DataFrame(
+        {
+            "rank": np.int32(rank),
+            "iteration": tl.iteration[agg["win"].to_numpy()].astype(np.int64),
+            "op": ev.names[agg["op_code"].to_numpy()].astype(object),
+            "intra_op_s": agg["len"].to_numpy() * NS,
+        }
+    )
+
+
+def kernel_stats(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
+    """Per kernel (GPU) or compute op (CPU) name over the whole trace: count and time."""
+    if len(tl.act_event) == 0:
+        return pd.DataFrame(
+            {
+                "rank": np.zeros(0, np.int32),
+                "kernel_class": [],
+                "name": [],
+                "count": np.zeros(0, np.int64),
+                "dur_sum_s": np.zeros(0),
+                "dur_mean_s": np.zeros(0),
+            }
+        )
+    df = pd.DataFrame(
+        {
+            "event": tl.act_event,
+            "name_code": ev.name[tl.act_event],
+            "cls": tl.act_class,
+            "dur": (tl.act_end - tl.act_start).astype(np.float64) * NS,
+        }
+    )
+    g = df.groupby(["name_code", "cls"], sort=False).agg(count=("event", "nunique"), dur_sum_s=("dur", "sum"))
+    g = g.reset_index().sort_values("dur_sum_s", ascending=False, kind="stable")
+    return pd.DataFrame(
+        {
+            "rank": np.int32(rank),
+            "kernel_class": np.array(KERNEL_CLASSES, dtype=object)[g["cls"].to_numpy()],
+            "name": ev.names[g["name_code"].to_numpy()],
+            "count": g["count"].to_numpy(np.int64),
+            "dur_sum_s": g["dur_sum_s"].to_numpy(),
+            "dur_mean_s": g["dur_sum_s"].to_numpy() / np.maximum(g["count"].to_numpy(), 1),
+        }
+    )

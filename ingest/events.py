@@ -1,0 +1,140 @@
+"""Normalise a decoded trace into integer-coded event columns.
+
+Times become int64 nanoseconds from the trace's first complete event, categories a small
+integer *kind*, names and threads integer codes into tables of unique values.  Every
+later step works on these columns; string work happens once per unique name.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+from ingest.reader import Args, RawTrace
+
+KERNEL, MEMCPY, MEMSET, RUNTIME, OP, ANNOTATION, GPU_ANNOTATION, OTHER = range(8)
+DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)
+
+_CAT_KIND = {
+    "kernel": KERNEL,
+    "gpu_memcpy": MEMCPY,
+    "memcpy": MEMCPY,
+    "gpu_memset": MEMSET,
+    "memset": MEMSET,
+    "cuda_runtime": RUNTIME,
+    "runtime": RUNTIME,
+    "cuda_driver": RUNTIME,
+    "hip_runtime": RUNTIME,
+    "cpu_op": OP,
+    "operator": OP,
+    "user_annotation": ANNOTATION,
+    "gpu_user_annotation": GPU_ANNOTATION,
+}
+
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+@dataclass
+class Events:
+    """Integer-coded complete events of one trace (one rank)."""
+
+    start: np.ndarray  # int64 ns from t0
+    end: np.ndarray  # int64 ns
+    kind: np.ndarray  # int8, one of the module constants
+    name: np.ndarray  # int32 code into ``names``
+    names: np.ndarray  # object: unique names
+    thread: np.ndarray  # int32 code into ``threads``
+    threads: list[tuple[Any, Any]]  # (pid, tid) per code
+    args: list[Args]
+    t0_us: float
+    thread_names: dict[int, str] = field(default_factory=dict)  # code -> name(s)
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def of_kind(self, *kinds: int) -> np.ndarray:
+        return np.flatnonzero(np.isin(self.kind, kinds))
+
+    def name_of(self, idx: np.ndarray) -> np.ndarray:
+        return self.names[self.name[idx]]
+
+    def arg(self, idx: np.ndarray, attr: str) -> list[Any]:
+        """One ``args`` attribute for the events ``idx`` (a Python list, subset only)."""
+        args = self.args
+        return list(map(attrgetter(attr), [args[i] for i in idx]))
+
+    def int_arg(self, idx: np.ndarray, attr: str) -> np.ndarray:
+        """An integer ``args`` attribute (typed in ingest.reader.Args) as int64; -1 missing."""
+        args = self.args
+        return np.fromiter(map(attrgetter(attr), [args[i] for i in idx]), dtype=np.int64, count=len(idx))
+
+
+class _Codes(dict):
+    """value -> dense integer code, assigned on first sight (C-speed via map(__getitem__))."""
+
+    def __missing__(self, key: Any) -> int:
+        code = self[key] = len(self)
+        return code
+
+
+class _KindOf(dict):
+    """Kineto category -> event kind, case-insensitive, cached per distinct category."""
+
+    def __missing__(self, key: Any) -> int:
+        kind = self[key] = _CAT_KIND.get(str(key).lower(), OTHER)
+        return kind
+
+
+def _encode(values: list[Any]) -> tuple[np.ndarray, list[Any]]:
+    codes = _Codes()
+    arr = np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=len(values))
+    return arr, list(codes)
+
+
+def normalise(raw: RawTrace) -> Events:
+    n = len(raw.ts_us)
+    t0 = float(raw.ts_us.min()) if n else 0.0
+    start = np.rint((raw.ts_us - t0) * 1000.0).astype(np.int64)
+    end = start + np.rint(raw.dur_us * 1000.0).astype(np.int64)
+    kind = np.fromiter(map(_KindOf().__getitem__, raw.cat), dtype=np.int8, count=n)
+    name_codes, name_list = _encode(raw.name)
+    names = np.array([v if isinstance(v, str) else str(v) for v in name_list], dtype=object)
+    pid_codes, pids = _encode(raw.pid)
+    tid_codes, tids = _encode(raw.tid)
+    pair = pid_codes.astype(np.int64) * max(len(tids), 1) + tid_codes
+    thread_codes, pairs = _encode(pair.tolist())
+    threads = [(pids[p // max(len(tids), 1)], tids[p % max(len(tids), 1)]) for p in pairs]
+    thread_names = {i: raw.thread_names.get(t, "") for i, t in enumerate(threads)}
+    return Events(
+        start=start,
+        end=end,
+        kind=kind,
+        name=name_codes,
+        names=names,
+        thread=thread_codes,
+        threads=threads,
+        args=raw.args,
+        t0_us=t0,
+        thread_names=thread_names,
+    )
+
+
+def profiler_steps(ev: Events) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of ``ProfilerStep#N`` host events (sorted by start) and their N.
+
+    A step recorded on several threads keeps its first occurrence.
+    """
+    step_name = np.array([_STEP_RE.match(n) is not None for n in ev.names], dtype=bool)
+    idx = np.flatnonzero(step_name[ev.name] & np.isin(ev.kind, (OP, ANNOTATION, OTHER)))
+    if len(idx) == 0:
+        return idx, np.zeros(0, dtype=np.int64)
+    number = np.array([int(_STEP_RE.match(ev.names[c]).group(1)) for c in ev.name[idx]], dtype=np.int64)
+    _, first = np.unique(number, return_index=True)
+    idx, number = idx[first], number[first]
+    order = np.argsort(ev.start[idx], kind="stable")
+    return idx[order], number[order]

@@ -1,0 +1,98 @@
+"""Matmul operators with their shapes and device time (record_shapes traces).
+
+These feed the GEMM-efficiency fit (achieved / peak FLOP/s against matmul size) and the
+"work per operator" axis of k1 and k2.  Only the innermost matmul ops are used
+(``aten::mm``/``addmm``/``bmm``/``baddbmm``); the composites that call them
+(``aten::linear``, ``aten::matmul``) would count the same FLOPs twice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ingest.collectives import _decode_many
+from ingest.events import Events
+from ingest.schema import empty_table
+from ingest.timeline import Timeline
+
+#: op name -> positions of (A, B) in Input Dims; C = A @ B with A (..., m, k), B (..., k, n)
+MATMUL_OPS = {
+    "aten::mm": (0, 1),
+    "aten::addmm": (1, 2),
+    "aten::_addmm_activation": (1, 2),
+    "aten::bmm": (0, 1),
+    "aten::baddbmm": (1, 2),
+}
+
+
+def compute(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
+    """One row per matmul op with shapes; ``dur_s`` is its kernels' time (GPU) or its own (CPU)."""
+    if len(tl.ops) == 0:
+        return empty_table("gemms")
+    op_names = ev.names[ev.name[tl.ops]]
+    is_mm = np.isin(op_names, list(MATMUL_OPS))
+    sel = np.flatnonzero(is_mm)
+    if len(sel) == 0:
+        return empty_table("gemms")
+    ev_idx = tl.ops[sel]
+    dims = _decode_many([ev.args[i].input_dims for i in ev_idx])
+    types = _decode_many([ev.args[i].input_type for i in ev_idx])
+    m = np.full(len(sel), -1, dtype=np.int64)
+    n = m.copy()
+    k = m.copy()
+    batch = np.ones(len(sel), dtype=np.int64)
+    dtype = []
+    for j, (name, d, t) in enumerate(zip(op_names[sel], dims, types, strict=True)):
+        ia, ib = MATMUL_OPS[name]
+        dtype.append(t[ia] if isinstance(t, list) and len(t) > ia and isinstance(t[ia], str) else None)
+        if not (isinstance(d, list) and len(d) > ib):
+            continue
+        a, b = d[ia], d[ib]
+        if not (_shape(a) and _shape(b)) or len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
+            continue
+        m[j], k[j], n[j] = a[-2], a[-1], b[-1]
+        batch[j] = int(np.prod(a[:-2], dtype=np.int64)) if len(a) > 2 else 1
+    ok = m >= 0
+    if tl.device == "gpu":
+        # device time of the kernels each op launched (act_launch_op indexes tl.ops)
+        lo = tl.act_launch_op
+        has = lo >= 0
+        dur_by_op = np.bincount(
+            lo[has], weights=(tl.act_end - tl.act_start)[has].astype(float), minlength=len(tl.ops)
+        )
+        dur = dur_by_op[sel] * 1e-9
+    else:
+        dur = (ev.end[ev_idx] - ev.start[ev_idx]) * 1e-9
+    wid = np.searchsorted(tl.win_start, ev.start[ev_idx], side="right") - 1
+    inside = (wid >= 0) & (ev.start[ev_idx] < tl.win_end[np.maximum(wid, 0)])
+    iteration = np.where(inside, tl.iteration[np.maximum(wid, 0)], -1)
+    df = pd.DataFrame(
+        {
+            "rank": np.int32(rank),
+            "iteration": iteration.astype(np.int64),
+            "op": op_names[sel].astype(object),
+            "m": m,
+            "n": n,
+            "k": k,
+            "batch": batch,
+            "flops": 2.0 * m * n * k * batch,
+            "dtype": dtype,
+            "dur_s": dur,
+            "device": tl.device,
+        }
+    )
+    return df[ok].reset_index(drop=True)
+
+
+def _shape(x: object) -> bool:
+    return isinstance(x, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in x)
+
+
+def per_window(gemms: pd.DataFrame, iterations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(n_gemms, gemm_flops) per iteration; flops NaN where the trace has no shapes."""
+    if gemms.empty:
+        return np.zeros(len(iterations), dtype=np.int64), np.full(len(iterations), np.nan)
+    g = gemms.groupby("iteration")["flops"].agg(["count", "sum"])
+    g = g.reindex(iterations)
+    return g["count"].fillna(0).to_numpy(np.int64), g["sum"].to_numpy(float)

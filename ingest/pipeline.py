@@ -1,0 +1,290 @@
+"""The ingest facade: paths in, one run (RunMeta + tables) out.
+
+:func:`ingest_rank` is a pure function of one trace file (file in, tables out), so any
+executor -- a loop, a process pool, a Dask cluster -- can drive it; :func:`ingest`
+finds the files, tells traces from nccl-tests logs by content, and assembles the run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ingest import buckets as _buckets
+from ingest import collectives as _collectives
+from ingest import frameworks as _frameworks
+from ingest import gemms as _gemms
+from ingest.errors import InputError
+from ingest.events import normalise
+from ingest.reader import read_trace, sniff
+from ingest.rules import DEFAULT_RULES, Rules
+from ingest.schema import KIND_TRACE, Framework, ProcessGroup, RunMeta, SourceFile
+from ingest.timeline import build as build_timeline
+
+FRAMEWORKS = ("ddp", "fsdp", "fsdp2", "deepspeed", "megatron", "zero", "pytorch", "unknown")
+_TRACE_SUFFIXES = (".json", ".json.gz")
+_RANK_RE = re.compile(r"(?:rank|_r|-r)[-_]?(\d+)(?!.*\d)", re.I)
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """What the user can state; everything else is read from the traces."""
+
+    system: str | None = None
+    name: str | None = None
+    framework: str | None = None
+    zero_stage: int | None = None
+    model: dict[str, Any] = field(default_factory=dict)
+    rules: Rules = DEFAULT_RULES
+
+    def __post_init__(self) -> None:
+        if self.framework is not None and self.framework not in FRAMEWORKS:
+            raise InputError(
+                "--framework", f"unknown framework '{self.framework}' (known: {', '.join(FRAMEWORKS)})"
+            )
+        if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
+            raise InputError("--zero-stage", f"ZeRO stage must be 0, 1, 2 or 3, not {self.zero_stage}")
+
+
+@dataclass
+class RankResult:
+    """Everything ingest learns from one rank's trace."""
+
+    rank: int
+    source: SourceFile
+    tables: dict[str, pd.DataFrame]
+    world_size: int | None
+    backend: str | None
+    devices: tuple[str, ...]
+    framework: Framework
+    groups: tuple[ProcessGroup, ...]
+    notes: tuple[str, ...]
+    raw_bytes: int
+
+
+def ingest_rank(path: str | Path, rank_hint: int = 0, rules: Rules = DEFAULT_RULES) -> RankResult:
+    """Analyse one Kineto trace file.  Pure: same file, same result."""
+    path = Path(path)
+    raw = read_trace(path)
+    dist = raw.distributed_info
+    rank = dist.get("rank") if isinstance(dist.get("rank"), int) else rank_hint
+    ev = normalise(raw)
+    if len(ev) == 0:
+        raise InputError(path, "trace has no complete ('X') events: nothing to measure")
+    tl = build_timeline(ev, rules)
+    if tl.device == "cpu" and len(tl.ops) == 0 and len(tl.comm) == 0:
+        raise InputError(path, "trace has no GPU kernels and no CPU operators: nothing to measure")
+    tables = _buckets.compute(ev, tl, rank)
+    tables["kernel_stats"] = _buckets.kernel_stats(ev, tl, rank)
+    gem = _gemms.compute(ev, tl, rank)
+    n_g, f_g = _gemms.per_window(gem, tl.iteration)
+    tables["buckets"] = tables["buckets"].assign(n_gemms=n_g, gemm_flops=f_g)
+    tables["gemms"] = gem
+    tables["collectives"] = _collectives.compute(ev, tl, rank, dist)
+    groups = _frameworks.process_groups(dist)
+    framework = _frameworks.detect(ev, dist, groups)
+    devices = tuple(sorted({str(p.get("name")) for p in raw.device_properties if p.get("name")})) or (
+        ("cpu",) if tl.device == "cpu" else ()
+    )
+    notes = list(tl.notes)
+    if tl.device == "gpu" and len(tl.act_start) and (tl.act_launch_op < 0).mean() > 0.5:
+        notes.append("most kernels could not be tied to a launching host op (no correlation ids)")
+    return RankResult(
+        rank=rank,
+        source=SourceFile(path=str(path), sha256=raw.sha256, size_bytes=raw.file_bytes, rank=rank),
+        tables=tables,
+        world_size=dist.get("world_size") if isinstance(dist.get("world_size"), int) else None,
+        backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None,
+        devices=devices,
+        framework=framework,
+        groups=groups,
+        notes=tuple(notes),
+        raw_bytes=raw.raw_bytes,
+    )
+
+
+def find_inputs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path], list[str]]:
+    """Split the given files/directories into Kineto traces and nccl-tests logs, by content.
+
+    Files named explicitly must be one or the other.  Inside directories, files that are
+    neither (host lists, READMEs) are skipped and reported in the returned notes.
+    """
+    from ingest.nccl_tests import looks_like_nccl_tests
+
+    traces: list[Path] = []
+    logs: list[Path] = []
+    notes: list[str] = []
+    if not paths:
+        raise InputError("PATH", "give at least one trace file, nccl-tests log or directory")
+    for p in map(Path, paths):
+        if not p.exists():
+            raise InputError(p, "no such file or directory")
+        if p.is_dir():
+            files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+            if not files:
+                raise InputError(p, "directory has no files")
+            explicit = False
+        else:
+            files, explicit = [p], True
+        for f in files:
+            head = sniff(f, 4096)
+            first = head.lstrip()[:1]
+            if first in ("{", "["):
+                if not explicit and not f.name.endswith(_TRACE_SUFFIXES):
+                    notes.append(f"skipped {f}: JSON but not named *.json/*.json.gz")
+                    continue
+                traces.append(f)
+            elif looks_like_nccl_tests(head):
+                logs.append(f)
+            elif explicit:
+                what = (
+                    "empty file"
+                    if not head.strip()
+                    else "neither a Kineto trace (JSON) nor an nccl-tests log"
+                )
+                raise InputError(f, what)
+            else:
+                notes.append(f"skipped {f}: neither a trace nor an nccl-tests log")
+    if not traces and not logs:
+        raise InputError(paths[0], "no Kineto traces or nccl-tests logs found")
+    if traces and logs:
+        raise InputError(paths[0], "mixes Kineto traces and nccl-tests logs; ingest them as separate runs")
+    return traces, logs, notes
+
+
+def ingest(
+    paths: Sequence[str | Path],
+    options: IngestOptions,
+    progress: Callable[[Iterable], Iterable] | None = None,
+) -> tuple[RunMeta, dict[str, pd.DataFrame]]:
+    """Ingest traces (one run, all ranks) or nccl-tests logs (one run of samples)."""
+    traces, logs, notes = find_inputs(paths)
+    name = options.name or _default_name(paths)
+    if logs:
+        from ingest.nccl_tests import ingest_nccl_tests
+
+        meta, tables = ingest_nccl_tests(logs, name=name, system=options.system)
+        return replace(meta, notes=(*meta.notes, *notes)), tables
+    hints = _rank_hints(traces)
+    it = zip(traces, hints, strict=True)
+    results = [ingest_rank(p, h, options.rules) for p, h in (progress(it) if progress else it)]
+    return assemble(results, options, name, notes)
+
+
+def assemble(
+    results: list[RankResult], options: IngestOptions, name: str, notes: Sequence[str] = ()
+) -> tuple[RunMeta, dict[str, pd.DataFrame]]:
+    """Combine per-rank results into one run, checking they belong together."""
+    results = sorted(results, key=lambda r: r.rank)
+    ranks = [r.rank for r in results]
+    dup = sorted({r for r in ranks if ranks.count(r) > 1})
+    if dup:
+        files = [r.source.path for r in results if r.rank == dup[0]]
+        raise InputError(
+            files[1],
+            f"rank {dup[0]} appears in more than one trace ({', '.join(files)}); "
+            "ingest one job's traces per run",
+        )
+    worlds = {r.world_size for r in results if r.world_size is not None}
+    if len(worlds) > 1:
+        raise InputError(results[0].source.path, f"traces disagree on the world size {sorted(worlds)}")
+    world = worlds.pop() if worlds else len(results)
+    framework = _merge_frameworks([r.framework for r in results])
+    if options.framework or options.zero_stage is not None:
+        framework = replace(
+            framework,
+            name=options.framework or framework.name,
+            zero_stage=options.zero_stage if options.zero_stage is not None else framework.zero_stage,
+            stated=True,
+        )
+    tables = {
+        key: pd.concat([r.tables[key] for r in results], ignore_index=True)
+        for key in ("buckets", "kernels", "kernel_stats", "dispatch_ops", "collectives", "gemms")
+    }
+    groups = results[0].groups
+    all_notes = [*notes, *(f"rank {r.rank}: {n}" for r in results for n in r.notes)]
+    meta = RunMeta(
+        name=name,
+        kind=KIND_TRACE,
+        system=options.system,
+        created=datetime.now(UTC).replace(microsecond=0).isoformat(),
+        calib_version=_version(),
+        world_size=world,
+        ranks=tuple(ranks),
+        backend=results[0].backend,
+        devices=tuple(sorted({d for r in results for d in r.devices})),
+        framework=framework,
+        process_groups=groups,
+        parallel=_frameworks.parallel_layout(groups, world),
+        model=dict(options.model),
+        sources=tuple(r.source for r in results),
+        notes=tuple(all_notes),
+    )
+    return meta, tables
+
+
+def _merge_frameworks(found: list[Framework]) -> Framework:
+    """The most specific detection across ranks (ranks normally agree)."""
+    known = [f for f in found if f.name != "unknown"]
+    if not known:
+        return found[0] if found else Framework()
+    return max(
+        known, key=lambda f: (f.zero_stage is not None, f.sharding_strategy is not None, len(f.detected_from))
+    )
+
+
+def _rank_hints(files: list[Path]) -> list[int]:
+    hints = []
+    for i, f in enumerate(files):
+        m = _RANK_RE.search(f.name)
+        hints.append(int(m.group(1)) if m else i)
+    return hints
+
+
+def _default_name(paths: Sequence[str | Path]) -> str:
+    from ingest.store import safe_name
+
+    first = Path(paths[0])
+    name = safe_name(first.name if first.name else first.resolve().name)
+    return name if len(paths) == 1 else f"{name}+{len(paths) - 1}"
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("calib")
+    except Exception:  # noqa: BLE001 - running from a source tree
+        return "0.0.0+src"
+
+
+def summary_frames(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """Derived views for printing: bucket percentages, class shares, collective summary."""
+    b = tables["buckets"]
+    out: dict[str, pd.DataFrame] = {}
+    if not b.empty:
+        pct = b[["comm_s", "comm_exposed_s", "kernel_s", "memcpy_s", "intra_op_s", "inter_op_s", "other_s"]]
+        out["bucket_pct"] = (100.0 * pct.div(b["wall_s"].replace(0, np.nan), axis=0)).add_suffix("%")
+    k = tables["kernels"]
+    if not k.empty:
+        share = k.groupby(["rank", "kernel_class"], sort=False)["time_s"].sum().unstack(fill_value=0.0)
+        total = share.sum(axis=1).replace(0, np.nan)
+        out["class_pct"] = 100.0 * share.div(total, axis=0)
+    c = tables["collectives"]
+    if not c.empty:
+        keys = ["collective", "pg_name", "dtype", "bytes", "group_size"]
+        g = c.fillna({"pg_name": "-", "dtype": "-"}).groupby(keys, sort=True, dropna=False)
+        out["collective_summary"] = g.agg(
+            count=("dur_s", "size"),
+            mean_s=("dur_s", "mean"),
+            algbw_gbps=("algbw_gbps", "median"),
+            busbw_gbps=("busbw_gbps", "median"),
+        ).reset_index()
+    return out
