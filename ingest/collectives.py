@@ -22,9 +22,8 @@ from ingest.events import Events
 from ingest.schema import empty_table
 from ingest.timeline import Timeline
 
-_KERNEL_RE = re.compile(
-    r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)(?:_[A-Z]+)*(?:_(?:Sum|Prod|Max|Min|Avg|PreMulSum|SumPostDiv)_([A-Za-z0-9_]+))?"
-)
+_KERNEL_RE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)")
+_KERNEL_DTYPE_RE = re.compile(r"_(?:Sum|Prod|Max|Min|Avg|PreMulSum|SumPostDiv)_([A-Za-z0-9_]+?)(?:\(|$)")
 
 _ITEMSIZE = {
     "float": 4,
@@ -101,7 +100,8 @@ def compute(ev: Events, tl: Timeline, rank: int, dist_info: dict[str, Any]) -> p
             [canonical(m.group(1)) if m else canonical(nm) for m, nm in zip(parsed, names, strict=True)],
             dtype=object,
         )
-        name_dtype = [m.group(2) if m and m.group(2) else None for m in parsed]
+        dts = [_KERNEL_DTYPE_RE.search(nm) for nm in names]
+        name_dtype = [m.group(1) if m else None for m in dts]
         arg_coll = ev.arg(idx, "coll_name")
         coll = np.array(
             [canonical(a) if isinstance(a, str) else c for a, c in zip(arg_coll, coll, strict=True)],

@@ -127,7 +127,11 @@ def find_inputs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path], li
         if not p.exists():
             raise InputError(p, "no such file or directory")
         if p.is_dir():
-            files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+            entries = sorted(f for f in p.rglob("*") if not f.name.startswith("."))
+            broken = [f for f in entries if f.is_symlink() and not f.exists()]
+            if broken:
+                raise InputError(broken[0], "broken symbolic link: the file it points to is missing")
+            files = [f for f in entries if f.is_file()]
             if not files:
                 raise InputError(p, "directory has no files")
             explicit = False

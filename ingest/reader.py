@@ -270,6 +270,9 @@ def sniff(path: Path, nbytes: int = 8192) -> str:
     try:
         with path.open("rb") as fh:
             head = fh.read(2)
+    except OSError as exc:
+        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
         if head == b"\x1f\x8b":
             with gzip.open(path, "rb") as fh:
                 data = fh.read(nbytes)
@@ -277,5 +280,5 @@ def sniff(path: Path, nbytes: int = 8192) -> str:
             with path.open("rb") as fh:
                 data = fh.read(nbytes)
     except (OSError, EOFError, zlib.error) as exc:
-        raise InputError(path, f"cannot read: {exc}") from None
+        raise InputError(path, f"corrupt or truncated gzip: {exc}") from None
     return data.decode("utf-8", errors="replace")

@@ -1,0 +1,38 @@
+"""Shared fixture paths: real traces and logs copied into fixtures/ with their SOURCE notes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "fixtures"
+HTA = FIXTURES / "traces" / "hta"
+CPU = FIXTURES / "traces" / "cpu"
+
+GPU_TRACES = {
+    "nccl_data": HTA / "nccl_parser_config" / "nccl_data.json.gz",
+    "control": HTA / "trace_diff" / "control" / "control.json.gz",
+    "test": HTA / "trace_diff" / "test" / "test.json.gz",
+    "sampled_rank-0": HTA / "trace_filter" / "sampled_rank-0.json.gz",
+    "sampled_rank-1": HTA / "trace_filter" / "sampled_rank-1.json.gz",
+    "df_index_resolver": HTA / "df_index_resolver" / "df_index_resolver.json.gz",
+}
+CPU_TRACES = {p.name.split(".")[0]: p for p in sorted(CPU.glob("*.json.gz"))}
+ALL_TRACES = {**GPU_TRACES, **CPU_TRACES}
+
+
+@pytest.fixture(scope="session")
+def ingested():
+    """ingest_rank results per fixture trace, computed once per session."""
+    from ingest.pipeline import ingest_rank
+
+    cache: dict[str, object] = {}
+
+    def get(key: str):
+        if key not in cache:
+            cache[key] = ingest_rank(ALL_TRACES[key])
+        return cache[key]
+
+    return get
