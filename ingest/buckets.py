@@ -155,34 +155,21 @@ def _intra_op_attribution(ev: Events, tl: Timeline, sw, k_op: int, rank: int) ->
 
 def kernel_stats(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
     """Per kernel (GPU) or compute op (CPU) name over the whole trace: count and time."""
-    if len(tl.act_event) == 0:
-        return pd.DataFrame(
-            {
-                "rank": np.zeros(0, np.int32),
-                "kernel_class": [],
-                "name": [],
-                "count": np.zeros(0, np.int64),
-                "dur_sum_s": np.zeros(0),
-                "dur_mean_s": np.zeros(0),
-            }
-        )
-    df = pd.DataFrame(
-        {
-            "event": tl.act_event,
-            "name_code": ev.name[tl.act_event],
-            "cls": tl.act_class,
-            "dur": (tl.act_end - tl.act_start).astype(np.float64) * NS,
-        }
-    )
-    g = df.groupby(["name_code", "cls"], sort=False).agg(count=("event", "nunique"), dur_sum_s=("dur", "sum"))
-    g = g.reset_index().sort_values("dur_sum_s", ascending=False, kind="stable")
+    n_cls = len(KERNEL_CLASSES)
+    key = ev.name[tl.act_event].astype(np.int64) * n_cls + tl.act_class
+    uniq, inv = np.unique(key, return_inverse=True)
+    first = _first_segment(tl.act_event)
+    count = np.bincount(inv[first], minlength=len(uniq)).astype(np.int64)
+    dur = np.bincount(inv, weights=(tl.act_end - tl.act_start).astype(np.float64), minlength=len(uniq)) * NS
+    order = np.argsort(-dur, kind="stable")
+    uniq, count, dur = uniq[order], count[order], dur[order]
     return pd.DataFrame(
         {
-            "rank": np.int32(rank),
-            "kernel_class": np.array(KERNEL_CLASSES, dtype=object)[g["cls"].to_numpy()],
-            "name": ev.names[g["name_code"].to_numpy()],
-            "count": g["count"].to_numpy(np.int64),
-            "dur_sum_s": g["dur_sum_s"].to_numpy(),
-            "dur_mean_s": g["dur_sum_s"].to_numpy() / np.maximum(g["count"].to_numpy(), 1),
+            "rank": np.full(len(uniq), rank, dtype=np.int32),
+            "kernel_class": np.array(KERNEL_CLASSES, dtype=object)[uniq % n_cls],
+            "name": ev.names[uniq // n_cls],
+            "count": count,
+            "dur_sum_s": dur,
+            "dur_mean_s": dur / np.maximum(count, 1),
         }
     )

@@ -12,6 +12,7 @@ where the factor makes busbw comparable to link bandwidth:
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -78,6 +79,7 @@ _ALIASES = {
 }
 
 
+@lru_cache(maxsize=4096)
 def canonical(name: str) -> str:
     """Map any spelling (``all_gather``, ``_allgather_base_``, ``AllReduce``) to a canonical name."""
     key = re.sub(r"[^a-z]", "", name.lower())

@@ -193,7 +193,10 @@ def _fill_from_host_ops(ev: Events, tl: Timeline, in_n, out_n, gsize, dtype, pg_
     if len(need) == 0:
         return
     ops = tl.ops
-    has_size = _ints(ev.arg(ops, "in_nelems")) >= 0
+    # only record_param_comms-style ops carry sizes: look at their args, not every op's
+    carrier = np.flatnonzero(np.isin(ev.names[ev.name[ops]], ["record_param_comms"]))
+    has_size = np.zeros(len(ops), dtype=bool)
+    has_size[carrier] = _ints(ev.arg(ops[carrier], "in_nelems")) >= 0
     if not has_size.any():
         return
     rt_thread = ev.thread[ops[tl.comm_launch_op[need]]]
