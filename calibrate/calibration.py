@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from calibrate import netmodel
 from ingest.collective_names import (
     ALLGATHER,
     ALLREDUCE,
@@ -122,7 +123,7 @@ class Saturating:
         x = np.asarray(x, dtype=float)
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             ratio = np.where(x > 0, self.x_half.value / np.where(x > 0, x, 1.0), np.inf)
-            return self.y_max.value / (1.0 + ratio ** self.gamma.value)
+            return self.y_max.value / (1.0 + ratio**self.gamma.value)
 
     @classmethod
     def constant(cls, value: float, unit: str, note: str, x_unit: str = "FLOP") -> Saturating:
@@ -145,11 +146,41 @@ class Saturating:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """One message-size regime of a collective: time = alpha + bytes * factor / busbw.
+
+    NCCL switches protocol (LL, LL128, Simple), algorithm (ring, tree) and channel count
+    with the message size, so a measured curve is piecewise alpha-beta.  ``min_bytes`` and
+    ``max_bytes`` are the smallest and largest measured sizes the segment was fitted on.
+    """
+
+    min_bytes: float
+    max_bytes: float
+    alpha_s: Param
+    busbw_gbps: Param
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Segment:
+        return cls(
+            min_bytes=float(d["min_bytes"]),
+            max_bytes=float(d["max_bytes"]),
+            alpha_s=Param.from_json(d["alpha_s"]),
+            busbw_gbps=Param.from_json(d["busbw_gbps"]),
+        )
+
+
+@dataclass(frozen=True)
 class CollectiveCurve:
     """time(bytes) = alpha + bytes * busbw_factor(n) / busbw, at one measured scale.
 
     ``busbw_gbps`` is the large-message bus bandwidth (the plateau of the busbw curve)
     and ``alpha_s`` the small-message latency; algbw(bytes) = bytes / time(bytes).
+
+    When ``segments`` is non-empty (a fitted curve) the time is piecewise: each size
+    uses the segment whose measured range holds it; between two segments' ranges (where
+    NCCL switches protocol or algorithm) log time is interpolated linearly in log size;
+    sizes beyond the ends extrapolate the first or last segment.  ``alpha_s`` is then
+    the first segment's latency and ``busbw_gbps`` the last segment's bandwidth.
     """
 
     collective: str
@@ -160,15 +191,47 @@ class CollectiveCurve:
     busbw_gbps: Param
     quality: FitQuality | None = None
     source: str = ""  # e.g. "nccl-tests setup=5", "trace", "calib-bench", "spec"
+    segments: tuple[Segment, ...] = ()
 
     @property
     def span(self) -> str:
         return "intra" if self.n_nodes <= 1 else "inter"
 
-    def time_s(self, nbytes: ArrayLike) -> np.ndarray:
+    def parts_s(self, nbytes: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+        """(latency, bandwidth time) of the regime that times ``nbytes``, in seconds."""
         nbytes = np.asarray(nbytes, dtype=float)
         f = busbw_factor(self.collective, self.n_gpus)
-        return self.alpha_s.value + nbytes * f / (self.busbw_gbps.value * 1e9)
+        f = np.where(np.isnan(f), 1.0, f)
+        if not self.segments:
+            return (
+                np.broadcast_to(self.alpha_s.value, nbytes.shape).astype(float),
+                nbytes * f / (self.busbw_gbps.value * 1e9),
+            )
+        alphas = np.array([s.alpha_s.value for s in self.segments])
+        invbw = np.array([1.0 / (s.busbw_gbps.value * 1e9) for s in self.segments])
+        lo = np.array([s.min_bytes for s in self.segments])
+        hi = np.array([s.max_bytes for s in self.segments])
+        # index of the last segment starting at or below nbytes (0 below the first)
+        i = np.clip(np.searchsorted(lo, nbytes, side="right") - 1, 0, len(lo) - 1)
+        j = np.minimum(i + 1, len(lo) - 1)
+        lat, bw = alphas[i], nbytes * f * invbw[i]
+        # between two regimes' measured ranges: NCCL switches somewhere in the gap, so
+        # interpolate log(time) linearly in log(size) from one regime's edge to the next
+        gap = (nbytes > hi[i]) & (j > i)
+        if gap.any():
+            t_lo = alphas[i] + hi[i] * f * invbw[i]
+            t_hi = alphas[j] + lo[j] * f * invbw[j]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                w = np.log(nbytes / hi[i]) / np.log(lo[j] / hi[i])
+            t_gap = np.exp((1 - w) * np.log(t_lo) + w * np.log(t_hi))
+            share = np.where(gap, np.clip(lat / (lat + bw), 0.0, 1.0), 0.0)
+            lat = np.where(gap, t_gap * share, lat)
+            bw = np.where(gap, t_gap * (1 - share), bw)
+        return lat, bw
+
+    def time_s(self, nbytes: ArrayLike) -> np.ndarray:
+        lat, bw = self.parts_s(nbytes)
+        return lat + bw
 
     def algbw_gbps(self, nbytes: ArrayLike) -> np.ndarray:
         nbytes = np.asarray(nbytes, dtype=float)
@@ -185,6 +248,7 @@ class CollectiveCurve:
                 "alpha_s": Param.from_json(d["alpha_s"]),
                 "busbw_gbps": Param.from_json(d["busbw_gbps"]),
                 "quality": FitQuality.from_json(d.get("quality")),
+                "segments": tuple(Segment.from_json(x) for x in d.get("segments", ())),
             }
         )
 
@@ -207,7 +271,23 @@ class NetworkScaling:
 
     def eff(self, n_gpus: ArrayLike) -> np.ndarray:
         n = np.maximum(np.asarray(n_gpus, dtype=float), self.g_gpus)
-        return scaling_form(self.form)(n / self.g_gpus, {k: p.value for k, p in self.params.items()})
+        p = {k: v.value for k, v in self.params.items()}
+        p["g_gpus"] = float(self.g_gpus)  # the attribute is the base scale (readers may move it)
+        return scaling_form(self.form)(n / self.g_gpus, p)
+
+    def scale_time_s(
+        self, lat_s: ArrayLike, bw_s: ArrayLike, n_gpus: ArrayLike, base_gpus: int
+    ) -> np.ndarray | None:
+        """Time at ``n_gpus`` of a collective measured at ``base_gpus`` as latency + bandwidth parts.
+
+        Only the physical form (:mod:`calibrate.netmodel`) can move latency and bandwidth
+        separately; other forms return None and the caller scales with eff alone.
+        """
+        if self.form != netmodel.FORM:
+            return None
+        p = {k: v.value for k, v in self.params.items()}
+        n = np.maximum(np.asarray(n_gpus, dtype=float), base_gpus)
+        return netmodel.scaled_time_s(lat_s, bw_s, n, float(base_gpus), p)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NetworkScaling:
@@ -231,7 +311,7 @@ def _form_constant(r: np.ndarray, p: Mapping[str, float]) -> np.ndarray:
     return np.ones_like(r)
 
 
-_FORMS = {"log": _form_log, "constant": _form_constant}
+_FORMS = {"log": _form_log, "constant": _form_constant, netmodel.FORM: netmodel.form_ring_tree}
 
 
 def scaling_form(name: str):
@@ -239,7 +319,9 @@ def scaling_form(name: str):
     try:
         return _FORMS[name]
     except KeyError:
-        raise InputError(None, f"unknown network scaling form '{name}' (known: {', '.join(_FORMS)})") from None
+        raise InputError(
+            None, f"unknown network scaling form '{name}' (known: {', '.join(_FORMS)})"
+        ) from None
 
 
 def register_form(name: str, fn) -> None:
@@ -337,17 +419,48 @@ class Calibration:
         factor = busbw_factor(coll, n)
         factor = np.where(np.isnan(factor), 1.0, factor)
         intra = [c for c in curves if c.n_nodes <= 1] or curves
-        inter = [c for c in curves if c.n_nodes > 1] or curves
+        inter = sorted([c for c in curves if c.n_nodes > 1] or curves, key=lambda c: c.n_gpus)
         intra_c = max(intra, key=lambda c: c.n_gpus)
-        base = min(inter, key=lambda c: c.n_gpus)
-        t_intra = intra_c.alpha_s.value + nbytes * factor / (intra_c.busbw_gbps.value * 1e9)
-        eff = self.eff(coll, n) / self.eff(coll, base.n_gpus)
-        # latency grows with the number of ring steps (proportional to n for ring
-        # algorithms, bounded below by the measured base latency)
-        alpha = base.alpha_s.value * np.maximum(1.0, (n - 1.0) / max(base.n_gpus - 1.0, 1.0))
-        t_inter = alpha + nbytes * factor / (base.busbw_gbps.value * 1e9 * eff)
+        lat, bw = intra_c.parts_s(nbytes)
+        t_intra = lat + bw * factor / _curve_factor(intra_c)
+        # across nodes: the closest measured scale at or below n (the smallest above it
+        # otherwise), moved to n by the network model
+        t_inter = np.zeros_like(nbytes)
+        for i, base in enumerate(inter):
+            upper = inter[i + 1].n_gpus if i + 1 < len(inter) else np.inf
+            sel = (n < upper) if i == 0 else ((n >= base.n_gpus) & (n < upper))
+            if not sel.any():
+                continue
+            lat, bw = base.parts_s(nbytes[sel])
+            t_inter[sel] = self._scale(coll, lat, bw, n[sel], base, factor[sel])
         t = np.where(n <= gpn, t_intra, t_inter)
         return np.where(n <= 1, 0.0, t)
+
+    def _scale(
+        self,
+        coll: str,
+        lat: np.ndarray,
+        bw: np.ndarray,
+        n: np.ndarray,
+        base: CollectiveCurve,
+        factor: np.ndarray,
+    ) -> np.ndarray:
+        net = self._network_for(coll)
+        if net is not None:
+            t = net.scale_time_s(lat, bw, n, base.n_gpus)
+            if t is not None:
+                return np.where(n == base.n_gpus, lat + bw, t)
+        # a form without a latency/bandwidth split: latency grows with the ring steps,
+        # bandwidth falls with eff_{g->n}
+        eff = self.eff(coll, n) / self.eff(coll, base.n_gpus)
+        alpha = lat * np.maximum(1.0, (n - 1.0) / max(base.n_gpus - 1.0, 1.0))
+        return alpha + bw * factor / _curve_factor(base) / eff
+
+    def _network_for(self, coll: str) -> NetworkScaling | None:
+        for candidate in (coll, *_FALLBACK.get(coll, ())):
+            if candidate in self.network:
+                return self.network[candidate]
+        return next(iter(self.network.values()), None)
 
     # ---- construction and I/O ---------------------------------------------------
     @classmethod
@@ -469,11 +582,18 @@ class Calibration:
             raise InputError(path, f"not a calib calibration (format is not '{CALIBRATION_FORMAT}')")
         version = raw.get("schema_version")
         if not isinstance(version, int) or version > CALIBRATION_SCHEMA_VERSION:
-            raise InputError(path, f"calibration schema version {version} is newer than this calib understands")
+            raise InputError(
+                path, f"calibration schema version {version} is newer than this calib understands"
+            )
         try:
             return cls.from_json(raw)
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(path, f"malformed calibration: {exc}") from None
+
+
+def _curve_factor(curve: CollectiveCurve) -> float:
+    f = float(busbw_factor(curve.collective, curve.n_gpus))
+    return 1.0 if math.isnan(f) or f == 0 else f
 
 
 def _now() -> str:

@@ -1,0 +1,74 @@
+"""``calib fit``: fit a system's calibration from its stored runs and samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ingest.errors import InputError
+from ingest.store import calibration_path, check_name, default_store
+
+
+@click.command(name="fit")
+@click.option(
+    "--system", required=True, help="System whose stored runs to fit (as given to `calib ingest --system`)."
+)
+@click.option(
+    "--store",
+    type=click.Path(path_type=Path),
+    help="Store directory (default ./calib-store or $CALIB_STORE).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    help="Write the calibration JSON here (default <store>/<system>/<system>.calib.json).",
+)
+@click.option(
+    "--where",
+    "where_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Use only matching samples/runs, e.g. setup=5, nccl_version=2.21, nnodes=2,8, run=NAME (repeatable).",
+)
+@click.option(
+    "--peak-tflops",
+    type=float,
+    help="Dense peak of one device in TFLOP/s (e.g. 312 for A100 BF16): the GEMM-efficiency denominator.",
+)
+def fit(
+    system: str, store: Path | None, out: Path | None, where_items: tuple[str, ...], peak_tflops: float | None
+):
+    """Fit the efficiency factors of SYSTEM and write NAME.calib.json.
+
+    \b
+    From nccl-tests samples: per collective and scale, the time against message size
+    as piecewise alpha-beta (time = alpha [s] + bytes * bus factor / busbw [GB/s], one
+    segment per NCCL protocol regime) and eff_{g->n}, the large-message bus bandwidth at
+    n GPUs over that at the smallest measured multi-node job, from a per-ring-step
+    latency over a fixed NIC bandwidth.  From traces: k1 (kernel share of compute), k2
+    (GEMM+attention share of kernel time) and GEMM efficiency as functions of FLOPs per
+    matmul, and host dispatch seconds per operator.  Every parameter carries its
+    standard error and status (fitted, default, unidentifiable, fixed); every fit its
+    R^2, residuals and number of points.  Missing data keeps a stated default.
+    """
+    from calibrate.fit import fit_system
+    from calibrate.select import parse_where
+
+    check_name("system", system)
+    if peak_tflops is not None and not peak_tflops > 0:
+        raise InputError("--peak-tflops", f"must be positive, got {peak_tflops}")
+    store = store or default_store()
+    if not Path(store).is_dir():
+        raise InputError(
+            "--store", f"{store} does not exist (ingest runs first: calib ingest PATH --system {system})"
+        )
+    cal = fit_system(store, system, where=parse_where(where_items), peak_tflops=peak_tflops)
+    target = out or calibration_path(store, system)
+    if target.exists() and target.is_dir():
+        raise InputError("--out", f"{target} is a directory")
+    cal.save(target)
+    from calib.commands.show import render
+
+    click.echo(render(cal, brief=True))
+    click.echo(f"\ncalibration written to {target}")
