@@ -66,12 +66,14 @@ class Events:
     def arg(self, idx: np.ndarray, attr: str) -> list[Any]:
         """One ``args`` attribute for the events ``idx`` (a Python list, subset only)."""
         args = self.args
-        return list(map(attrgetter(attr), [args[i] for i in idx]))
+        return list(map(attrgetter(attr), [args[i] for i in idx.tolist()]))
 
     def int_arg(self, idx: np.ndarray, attr: str) -> np.ndarray:
         """An integer ``args`` attribute (typed in ingest.reader.Args) as int64; -1 missing."""
         args = self.args
-        return np.fromiter(map(attrgetter(attr), [args[i] for i in idx]), dtype=np.int64, count=len(idx))
+        return np.fromiter(
+            map(attrgetter(attr), [args[i] for i in idx.tolist()]), dtype=np.int64, count=len(idx)
+        )
 
 
 class _Codes(dict):
@@ -104,11 +106,7 @@ def normalise(raw: RawTrace) -> Events:
     kind = np.fromiter(map(_KindOf().__getitem__, raw.cat), dtype=np.int8, count=n)
     name_codes, name_list = _encode(raw.name)
     names = np.array([v if isinstance(v, str) else str(v) for v in name_list], dtype=object)
-    pid_codes, pids = _encode(raw.pid)
-    tid_codes, tids = _encode(raw.tid)
-    pair = pid_codes.astype(np.int64) * max(len(tids), 1) + tid_codes
-    thread_codes, pairs = _encode(pair.tolist())
-    threads = [(pids[p // max(len(tids), 1)], tids[p % max(len(tids), 1)]) for p in pairs]
+    thread_codes, threads = _encode(list(zip(raw.pid, raw.tid, strict=True)))
     thread_names = {i: raw.thread_names.get(t, "") for i, t in enumerate(threads)}
     return Events(
         start=start,

@@ -30,12 +30,12 @@ def compute(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
     """One row per matmul op with shapes; ``dur_s`` is its kernels' time (GPU) or its own (CPU)."""
     if len(tl.ops) == 0:
         return empty_table("gemms")
-    op_names = ev.names[ev.name[tl.ops]]
-    is_mm = np.isin(op_names, list(MATMUL_OPS))
-    sel = np.flatnonzero(is_mm)
+    mm_name = np.isin(ev.names, list(MATMUL_OPS))  # over unique names, then per op
+    sel = np.flatnonzero(mm_name[ev.name[tl.ops]])
     if len(sel) == 0:
         return empty_table("gemms")
     ev_idx = tl.ops[sel]
+    sel_names = ev.names[ev.name[ev_idx]]
     dims = _decode_many([ev.args[i].input_dims for i in ev_idx])
     types = _decode_many([ev.args[i].input_type for i in ev_idx])
     m = np.full(len(sel), -1, dtype=np.int64)
@@ -43,7 +43,7 @@ def compute(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
     k = m.copy()
     batch = np.ones(len(sel), dtype=np.int64)
     dtype = []
-    for j, (name, d, t) in enumerate(zip(op_names[sel], dims, types, strict=True)):
+    for j, (name, d, t) in enumerate(zip(sel_names, dims, types, strict=True)):
         ia, ib = MATMUL_OPS[name]
         dtype.append(t[ia] if isinstance(t, list) and len(t) > ia and isinstance(t[ia], str) else None)
         if not (isinstance(d, list) and len(d) > ib):
@@ -71,7 +71,7 @@ def compute(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
         {
             "rank": np.int32(rank),
             "iteration": iteration.astype(np.int64),
-            "op": op_names[sel].astype(object),
+            "op": sel_names.astype(object),
             "m": m,
             "n": n,
             "k": k,
