@@ -17,7 +17,7 @@ independent evidence):
 k1 and k2 are fitted as :class:`Saturating` curves of x with gamma = 1 -- the
 dispatch-limited form: a fixed host cost per operator and device time proportional to
 x give kernel share x / (x + x_half) -- by ``scipy.optimize.curve_fit`` with relative
-residuals; GEMM efficiency fits gamma too when it has >= 6 shapes spanning >= 10x in x.
+residuals; GEMM efficiency fits gamma too when it has >= 8 work levels spanning >= 10x.
 Fewer than two work levels cannot separate y_max from x_half: the curve is anchored at
 the measured level and both parameters are marked unidentifiable.
 """
@@ -36,7 +36,7 @@ from ingest.errors import InputError
 from ingest.rundir import Run
 from ingest.schema import TRANSFORMER_CLASSES
 
-MIN_LEVELS_GAMMA = 6
+MIN_LEVELS_GAMMA = 8
 LEVEL_RATIO = 1.5  # x values closer than this are one work level
 
 
@@ -101,6 +101,30 @@ def gemm_points(runs: tuple[Run, ...], peak_tflops: float) -> pd.DataFrame:
         x_flops=("flops", "first"), eff=("eff", "median"), calls=("eff", "size")
     )
     return agg.reset_index(drop=True).sort_values("x_flops", kind="stable").reset_index(drop=True)
+
+
+def level_efficiency(shapes: pd.DataFrame) -> pd.DataFrame:
+    """Efficiency per work level: total FLOPs over total time of the shapes at that level.
+
+    Shapes of equal FLOPs run at different speeds (layouts, transposes in backward); the
+    model times all of them with one efficiency, so the right aggregate is the
+    time-weighted one, sum(flops) / sum(flops / eff), with every call counted.
+    """
+    if shapes.empty:
+        return shapes
+    xs = shapes["x_flops"].to_numpy(float)
+    order = np.argsort(xs, kind="stable")
+    starts = np.concatenate([[True], xs[order][1:] / xs[order][:-1] > LEVEL_RATIO])
+    level = np.empty(len(xs), int)
+    level[order] = np.cumsum(starts) - 1
+    work = shapes["x_flops"] * shapes["calls"]
+    df = pd.DataFrame({"level": level, "work": work, "time": work / shapes["eff"], "logx": np.log(xs)})
+    agg = df.groupby("level").agg(
+        work=("work", "sum"), time=("time", "sum"), logx=("logx", "mean"), shapes=("work", "size")
+    )
+    return pd.DataFrame(
+        {"x_flops": np.exp(agg["logx"]), "eff": agg["work"] / agg["time"], "shapes": agg["shapes"]}
+    )
 
 
 def work_levels(x: np.ndarray) -> np.ndarray:
@@ -193,13 +217,11 @@ def fit_saturating(
     def par(i: int, unit_: str, label: str) -> Param:
         s = se[i]
         at_bound = np.isclose(popt[i], hi[i], rtol=1e-6) or np.isclose(popt[i], lo[i], rtol=1e-6)
-        return Param(
-            float(popt[i]),
-            stderr=None if s is None or at_bound or not np.isfinite(s) else float(s),
-            unit=unit_,
-            status=FITTED,
-            note=f"{label} at its bound" if at_bound else "",
-        )
+        s = None if s is None or at_bound or not np.isfinite(s) else float(s)
+        note = f"{label} at its bound" if at_bound else ""
+        if s is not None and s > abs(popt[i]):
+            note = f"{label} poorly determined by these work levels (stderr > value)"
+        return Param(float(popt[i]), stderr=s, unit=unit_, status=FITTED, note=note)
 
     return Saturating(
         y_max=par(0, unit, "y_max"),
@@ -248,7 +270,7 @@ def fit_compute(
     )
     gemm = None
     if peak_tflops:
-        gp = gemm_points(trace_runs, peak_tflops)
+        gp = level_efficiency(gemm_points(trace_runs, peak_tflops))
         if len(gp):
             gemm = fit_saturating(
                 gp["x_flops"].to_numpy(float),
