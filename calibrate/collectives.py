@@ -9,8 +9,9 @@ place and in-place, possibly several logs).  The fit target is the per-size medi
 fitted with *relative* residuals (t_pred / t_meas - 1), so that 4-byte and 1-GiB
 messages weigh alike.  NCCL switches regime with the size, so the curve is split into
 contiguous segments of at least :data:`MIN_SIZES` sizes; the breakpoints come from
-dynamic programming over all splits and the number of segments from the Bayesian
-information criterion.  Each segment's (alpha, 1/busbw) is the non-negative least-
+dynamic programming over all splits and the number of segments from Akaike's
+information criterion (2 per parameter: each segment's alpha and busbw and each
+breakpoint).  Each segment's (alpha, 1/busbw) is the non-negative least-
 squares solution, obtained in closed form for every candidate segment at once from
 prefix sums; standard errors come from the covariance sigma^2 (A^T W A)^-1.  Sizes whose
 relative residual exceeds 10 % are down-weighted (Huber weights, iterated), so that one
@@ -125,7 +126,7 @@ def _segment_table(u: np.ndarray, v: np.ndarray, w: np.ndarray):
 
 
 def _best_split(rss: np.ndarray, m: int) -> tuple[list[tuple[int, int]], float]:
-    """Segments (i, j) minimising total RSS for the BIC-best number of segments."""
+    """Segments (i, j) minimising total RSS for the AIC-best number of segments."""
     valid = np.full_like(rss, np.inf)
     for i in range(m):
         valid[i, i + MIN_SIZES - 1 :] = rss[i, i + MIN_SIZES - 1 :]
@@ -138,13 +139,13 @@ def _best_split(rss: np.ndarray, m: int) -> tuple[list[tuple[int, int]], float]:
             cand = best[k - 1][:e] + valid[:e, e - 1]
             arg[k][e] = int(np.argmin(cand))
             best[k][e] = cand[arg[k][e]]
-    bic = [
-        m * np.log(max(best[k][m], _TINY) / m) + (3 * k - 1) * np.log(m)
+    aic = [
+        m * np.log(max(best[k][m], _TINY) / m) + 2.0 * (3 * k - 1)
         if np.isfinite(best[k][m])
         else np.inf
         for k in range(1, kmax + 1)
     ]
-    k = int(np.argmin(bic)) + 1
+    k = int(np.argmin(aic)) + 1
     segs, e = [], m
     for kk in range(k, 0, -1):
         s = arg[kk][e]

@@ -79,7 +79,11 @@ def render(cal: Calibration, *, brief: bool = False, nodes: tuple[int, ...] = DE
             for s in c.segments:
                 L.append(
                     f"      {s.min_bytes:>12.0f} .. {s.max_bytes:>12.0f} B: alpha {_p(s.alpha_s, 1e6, '{:.1f}')} us,"
-                    f" busbw {_p(s.busbw_gbps, 1, '{:.2f}')} GB/s"
+                    + (
+                        f" busbw {_p(s.busbw_gbps, 1, '{:.2f}')} GB/s"
+                        if s.busbw_gbps.value < 1e6
+                        else " time flat in size (latency-bound: busbw not resolved)"
+                    )
                 )
     L.append("\nNetwork scaling eff_{g->n} (large-message busbw at n GPUs / at g GPUs):")
     if not cal.network:
