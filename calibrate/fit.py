@@ -69,8 +69,13 @@ def fit_system(
     cf = compute.fit_compute(sel.trace_runs, peak_tflops=peak_tflops, defaults=defaults, where=where_txt)
     notes.extend(cf.notes)
     no_traces = f"no trace runs for {system}: needs `calib ingest TRACE --system {system}`"
-    k1 = cf.k1 or _as_default(base.k1_curve, f"{no_traces} (>= 2 model sizes, shapes recorded)")
-    k2 = cf.k2 or _as_default(base.k2_curve, f"{no_traces} (>= 2 model sizes, shapes recorded)")
+    need_k = (
+        f"{no_traces} (>= 2 model sizes, shapes recorded)"
+        if not sel.trace_runs
+        else "the trace runs have no matmul shapes (record_shapes): k1/k2 cannot be placed on the work axis"
+    )
+    k1 = cf.k1 or _as_default(base.k1_curve, need_k)
+    k2 = cf.k2 or _as_default(base.k2_curve, need_k)
     gemm = cf.gemm_efficiency or _as_default(
         base.gemm_efficiency_curve,
         (
