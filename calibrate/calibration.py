@@ -565,8 +565,13 @@ class Calibration:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
-        tmp.replace(path)
+        text = json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n"
+        try:
+            tmp.write_text(text)
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
     @classmethod

@@ -67,7 +67,12 @@ def fit(
     target = out or calibration_path(store, system)
     if target.exists() and target.is_dir():
         raise InputError("--out", f"{target} is a directory")
-    cal.save(target)
+    try:
+        cal.save(target)
+    except OSError as exc:
+        raise InputError(
+            "--out" if out else str(target), f"cannot write the calibration: {exc.strerror or exc}"
+        ) from None
     from calib.commands.show import render
 
     click.echo(render(cal, brief=True))
