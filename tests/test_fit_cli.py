@@ -100,6 +100,12 @@ def test_fit_bad_input(store, tmp_path, args, where, problem):
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
+def test_unwritable_out_is_bad_input(store):
+    with pytest.raises(InputError) as exc:
+        invoke("fit", "--system", "polaris", "--store", str(store), "--out", "/proc/no/such.calib.json")
+    assert exc.value.where == "--out" and "cannot write" in exc.value.problem
+
+
 def test_system_with_only_unusable_runs_says_what_each_factor_needs(tmp_path):
     from ingest.schema import RunMeta
 
