@@ -24,6 +24,23 @@ from ingest.timeline import Timeline
 
 _KERNEL_RE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)")
 _KERNEL_DTYPE_RE = re.compile(r"_(?:Sum|Prod|Max|Min|Avg|PreMulSum|SumPostDiv)_([A-Za-z0-9_]+?)(?:\(|$)")
+# NCCL <= 2.8 kernel names: ncclAllReduceRingLLKernel_sum_f32(ncclColl)
+_OLD_KERNEL_RE = re.compile(
+    r"(?:nccl|rccl)(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll)"
+    r"(?:Ring|Tree|CollNet\w*|Nvls\w*)?(?:LL128|LL|Simple)?Kernel(?:_(?:sum|prod|max|min|avg|copy)_([a-z]+\d+))?"
+)
+_OLD_DTYPES = {
+    "f16": "half",
+    "bf16": "bfloat16",
+    "f32": "float",
+    "f64": "double",
+    "i8": "int8",
+    "u8": "uint8",
+    "i32": "int32",
+    "u32": "int32",
+    "i64": "int64",
+    "u64": "uint64_t",
+}
 
 _ITEMSIZE = {
     "float": 4,
@@ -95,13 +112,17 @@ def compute(ev: Events, tl: Timeline, rank: int, dist_info: dict[str, Any]) -> p
     n = len(idx)
     pg_sizes = _pg_sizes(dist_info)
     if tl.device == "gpu":
-        parsed = [_KERNEL_RE.search(nm) for nm in names]
+        parsed = [_KERNEL_RE.search(nm) or _OLD_KERNEL_RE.search(nm) for nm in names]
         coll = np.array(
             [canonical(m.group(1)) if m else canonical(nm) for m, nm in zip(parsed, names, strict=True)],
             dtype=object,
         )
         dts = [_KERNEL_DTYPE_RE.search(nm) for nm in names]
         name_dtype = [m.group(1) if m else None for m in dts]
+        name_dtype = [
+            d if d else (_OLD_DTYPES.get(m.group(2)) if m and m.re is _OLD_KERNEL_RE and m.group(2) else None)
+            for d, m in zip(name_dtype, parsed, strict=True)
+        ]
         arg_coll = ev.arg(idx, "coll_name")
         coll = np.array(
             [canonical(a) if isinstance(a, str) else c for a, c in zip(arg_coll, coll, strict=True)],

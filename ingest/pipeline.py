@@ -22,8 +22,9 @@ from ingest import collectives as _collectives
 from ingest import frameworks as _frameworks
 from ingest import gemms as _gemms
 from ingest.errors import InputError
-from ingest.events import normalise
-from ingest.reader import read_trace, sniff
+from ingest.events import Events, normalise
+from ingest.executors import ExecutorSpec, RankJob, run_jobs
+from ingest.reader import RawTrace, read_trace, sniff
 from ingest.rules import DEFAULT_RULES, Rules
 from ingest.schema import KIND_TRACE, Framework, ProcessGroup, RunMeta, SourceFile
 from ingest.timeline import build as build_timeline
@@ -69,13 +70,21 @@ class RankResult:
     raw_bytes: int
 
 
-def ingest_rank(path: str | Path, rank_hint: int = 0, rules: Rules = DEFAULT_RULES) -> RankResult:
-    """Analyse one Kineto trace file.  Pure: same file, same result."""
+def ingest_rank(
+    path: str | Path,
+    rank_hint: int = 0,
+    rules: Rules = DEFAULT_RULES,
+    memory_budget_bytes: int | None = None,
+) -> RankResult:
+    """Analyse one Kineto trace file.  Pure: same file, same result.
+
+    With ``memory_budget_bytes``, a trace too big to decode in that much memory is
+    streamed in batches (``ingest.stream``); the tables are the same either way.
+    """
     path = Path(path)
-    raw = read_trace(path)
+    raw, ev, read_notes = _read(path, memory_budget_bytes)
     dist = raw.distributed_info
     rank = dist.get("rank") if isinstance(dist.get("rank"), int) else rank_hint
-    ev = normalise(raw)
     if len(ev) == 0:
         raise InputError(path, "trace has no complete ('X') events: nothing to measure")
     tl = build_timeline(ev, rules)
@@ -93,9 +102,15 @@ def ingest_rank(path: str | Path, rank_hint: int = 0, rules: Rules = DEFAULT_RUL
     devices = tuple(sorted({str(p.get("name")) for p in raw.device_properties if p.get("name")})) or (
         ("cpu",) if tl.device == "cpu" else ()
     )
-    notes = list(tl.notes)
+    notes = [*read_notes, *tl.notes]
     if tl.device == "gpu" and len(tl.act_start) and (tl.act_launch_op < 0).mean() > 0.5:
         notes.append("most kernels could not be tied to a launching host op (no correlation ids)")
+    unlaunched = _unlaunched_in_first_window(ev, tl)
+    if unlaunched:
+        notes.append(
+            f"{unlaunched} device activities in iteration {int(tl.iteration[0])} were launched before the "
+            "trace began (queued work of an unprofiled step): that iteration's buckets include them"
+        )
     return RankResult(
         rank=rank,
         source=SourceFile(path=str(path), sha256=raw.sha256, size_bytes=raw.file_bytes, rank=rank),
@@ -108,6 +123,37 @@ def ingest_rank(path: str | Path, rank_hint: int = 0, rules: Rules = DEFAULT_RUL
         notes=tuple(notes),
         raw_bytes=raw.raw_bytes,
     )
+
+
+def _read(path: Path, budget: int | None) -> tuple[RawTrace, Events, list[str]]:
+    """Decode in memory when the trace fits the budget (fastest), else stream it."""
+    from ingest import memory
+
+    if budget is None or memory.fits_in_memory(path, budget):
+        raw = read_trace(path)
+        return raw, normalise(raw), []
+    from ingest.stream import read_streaming
+
+    raw, ev = read_streaming(path, memory.batch_bytes(budget))
+    note = (
+        f"streamed in batches: {raw.raw_bytes / 1e9:.2f} GB of JSON would need about "
+        f"{raw.raw_bytes * memory.IN_MEMORY_BYTES_PER_JSON_BYTE / 1e9:.1f} GB decoded at once, "
+        f"over this worker's {budget / 1e9:.2f} GB budget"
+    )
+    return raw, ev, [note]
+
+
+def _unlaunched_in_first_window(ev, tl) -> int:
+    """Device work running in the first window whose launch is not in the trace."""
+    if tl.device != "gpu" or tl.iteration[0] < 0:
+        return 0
+    in_first = (tl.act_start < tl.win_end[0]) & (tl.act_end > tl.win_start[0])
+    no_launch = (tl.act_launch == tl.act_start) & (tl.act_launch_op < 0)  # fell back to own start
+    cs, ce = ev.start[tl.comm], ev.end[tl.comm]
+    comm_first = (
+        (cs < tl.win_end[0]) & (ce > tl.win_start[0]) & (tl.comm_launch == cs) & (tl.comm_launch_op < 0)
+    )
+    return int((in_first & no_launch).sum() + comm_first.sum())
 
 
 def find_inputs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path], list[str]]:
@@ -167,8 +213,13 @@ def ingest(
     paths: Sequence[str | Path],
     options: IngestOptions,
     progress: Callable[[Iterable], Iterable] | None = None,
+    executor: ExecutorSpec | None = None,
 ) -> tuple[RunMeta, dict[str, pd.DataFrame]]:
-    """Ingest traces (one run, all ranks) or nccl-tests logs (one run of samples)."""
+    """Ingest traces (one run, all ranks) or nccl-tests logs (one run of samples).
+
+    ``executor`` says how the ranks are run (serial, process pool, Dask) and with what
+    memory budget; every executor gives the same run.
+    """
     traces, logs, notes = find_inputs(paths)
     name = options.name or _default_name(paths)
     if logs:
@@ -177,8 +228,8 @@ def ingest(
         meta, tables = ingest_nccl_tests(logs, name=name, system=options.system)
         return replace(meta, notes=(*meta.notes, *notes)), tables
     hints = _rank_hints(traces)
-    it = zip(traces, hints, strict=True)
-    results = [ingest_rank(p, h, options.rules) for p, h in (progress(it) if progress else it)]
+    jobs = [RankJob(p, h, options.rules) for p, h in zip(traces, hints, strict=True)]
+    results = run_jobs(jobs, executor or ExecutorSpec(), progress)
     return assemble(results, options, name, notes)
 
 
@@ -212,6 +263,10 @@ def assemble(
         key: pd.concat([r.tables[key] for r in results], ignore_index=True)
         for key in ("buckets", "kernels", "kernel_stats", "dispatch_ops", "collectives", "gemms")
     }
+    if len(results) > 1:
+        from ingest import crossrank
+
+        tables["crossrank"] = crossrank.compute(tables["collectives"])
     groups = results[0].groups
     all_notes = [*notes, *(f"rank {r.rank}: {n}" for r in results for n in r.notes)]
     meta = RunMeta(

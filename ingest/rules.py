@@ -55,7 +55,9 @@ KERNEL_CLASS_RULES: tuple[tuple[str, str], ...] = (
 
 #: Communication: device kernels and host intervals that move data between ranks.
 COMM_PATTERNS: tuple[str, ...] = (
-    r"^nccl(Dev)?Kernel|^ncclKernel|nccl:|^rccl|ncclDevKernel|ncclSendRecv",
+    # every NCCL/RCCL device kernel, old (NCCL <= 2.8: ncclAllReduceRingLLKernel_sum_f32)
+    # and new (ncclDevKernel_AllReduce_RING_LL) names alike, as HTA counts them
+    r"^(void )?(nccl|rccl)|nccl:|ncclDevKernel|ncclKernel",
     r"^gloo:",
 )
 

@@ -169,3 +169,27 @@ def test_cpu_fixtures_are_all_cpu(ingested):
         r = ingested(key)
         assert r.tables["buckets"]["device"].eq("cpu").all()
         assert r.devices == ("cpu",)
+
+
+def test_old_and_new_nccl_kernel_names_are_communication():
+    """NCCL <= 2.8 names (ncclAllReduceRingLLKernel_sum_f32) count as comm, as in HTA."""
+    from ingest.collectives import _OLD_KERNEL_RE
+    from ingest.rules import DEFAULT_RULES
+
+    names = [
+        "ncclAllReduceRingLLKernel_sum_f32(ncclColl)",
+        "ncclBroadcastRingLLKernel_copy_i8(ncclColl)",
+        "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)",
+        "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+        "void at::native::vectorized_elementwise_kernel<4>",
+        "Memcpy DtoD (Device -> Device)",
+    ]
+    assert list(DEFAULT_RULES.is_comm(names)) == [True, True, True, True, False, False]
+    assert _OLD_KERNEL_RE.search(names[0]).groups() == ("AllReduce", "f32")
+
+
+def test_backlog_from_unprofiled_step_is_noted(ingested):
+    """trace_diff/test starts with kernels queued by an untraced step (found by the HTA cross-check)."""
+    notes = ingested("test").notes
+    assert any("launched before the trace began" in n and "iteration 1009" in n for n in notes)
+    assert not any("launched before the trace began" in n for n in ingested("control").notes)
