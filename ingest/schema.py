@@ -188,6 +188,31 @@ GEMM_SAMPLES = pa.schema(
     ]
 )
 
+#: Cross-rank view of the collectives (ingest.crossrank): one row per call per rank,
+#: matched across ranks.  transfer_s = the shortest duration among the match's ranks (the
+#: last to arrive waits for nobody), wait_s = dur_s - transfer_s (torch-tb-profiler's
+#: split); NaN when the call matched no other rank (n_ranks == 1).
+CROSSRANK = pa.schema(
+    [
+        ("match_id", _i64),  # same id on every rank for one collective call
+        ("rank", _i32),
+        ("iteration", _i64),  # this rank's iteration of the call
+        ("match_iteration", _i64),  # the earliest iteration among the match's ranks
+        ("collective", _str),
+        ("pg_name", _str),
+        ("seq", _i64),  # -1 when the trace has none
+        ("matched_by", _str),  # "seq" (process group + sequence number) or "order"
+        ("ordinal", _i64),  # n-th call of its key on this rank
+        ("bytes", _i64),
+        ("n_ranks", _i32),  # ranks in the match (1: unmatched)
+        ("start_s", _f64),  # this rank's clock, seconds from its first event
+        ("dur_s", _f64),
+        ("transfer_s", _f64),
+        ("wait_s", _f64),
+        ("straggler_rank", _i32),  # last rank to arrive (shortest duration); -1 unmatched
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "buckets": BUCKETS,
     "kernels": KERNELS,
@@ -197,6 +222,7 @@ TABLES: dict[str, pa.Schema] = {
     "gemms": GEMMS,
     "samples": SAMPLES,
     "gemm_samples": GEMM_SAMPLES,
+    "crossrank": CROSSRANK,
 }
 
 

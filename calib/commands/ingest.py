@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 
 from ingest.errors import InputError
+from ingest.executors import EXECUTORS, ExecutorSpec, parse_jobs
+from ingest.memory import budget_from_option
 from ingest.pipeline import FRAMEWORKS, IngestOptions, summary_frames
 from ingest.pipeline import ingest as run_ingest
 from ingest.rules import load_rules
@@ -41,17 +43,14 @@ def _parse_model(text: str | None) -> dict:
     return out
 
 
-def _progress(total: int):
+def _progress(it):
     """tqdm on a terminal, nothing when stderr is piped (CI, logs)."""
+    total = len(it) if hasattr(it, "__len__") else None
+    if (total is not None and total < 2) or not sys.stderr.isatty():
+        return it
+    from tqdm import tqdm
 
-    def wrap(it):
-        if total < 2 or not sys.stderr.isatty():
-            return it
-        from tqdm import tqdm
-
-        return tqdm(it, total=total, desc="ingest", unit="rank", file=sys.stderr)
-
-    return wrap
+    return tqdm(it, total=total, desc="ingest", unit="rank", file=sys.stderr)
 
 
 @click.command(name="ingest")
@@ -85,8 +84,46 @@ def _progress(total: int):
     help="JSON/YAML file of extra classification rules.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the run (metadata and tables) as JSON.")
+@click.option(
+    "--jobs",
+    "-j",
+    "jobs_text",
+    default="1",
+    show_default=True,
+    help="Rank traces ingested in parallel: a number, or 'auto' for every core this process may use.",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(EXECUTORS),
+    default="local",
+    show_default=True,
+    help="'local': processes on this machine; 'dask': a Dask cluster (pip install 'calib[dask]').",
+)
+@click.option(
+    "--scheduler",
+    help="Dask scheduler address (tcp://host:8786) for --executor dask; default: a LocalCluster of --jobs workers.",
+)
+@click.option(
+    "--max-memory",
+    "max_memory",
+    help="Memory ingest may use (e.g. 16G, 40%); split between workers. Traces that would not fit "
+    "their share are streamed in batches. Default: half the memory available (cgroup-aware).",
+)
 def ingest_cmd(
-    paths, system, run_name, out_dir, store, framework, zero_stage, model_spec, rules_file, as_json
+    paths,
+    system,
+    run_name,
+    out_dir,
+    store,
+    framework,
+    zero_stage,
+    model_spec,
+    rules_file,
+    as_json,
+    jobs_text,
+    executor,
+    scheduler,
+    max_memory,
 ):
     """Turn Kineto traces or nccl-tests logs into a run (run.json + Parquet tables).
 
@@ -111,8 +148,14 @@ def ingest_cmd(
         model=_parse_model(model_spec),
         rules=load_rules(rules_file),
     )
-    n_files = sum(1 for p in paths if p.is_file()) + sum(len(list(p.glob("*"))) for p in paths if p.is_dir())
-    meta, tables = run_ingest(paths, options, progress=_progress(n_files))
+    spec = ExecutorSpec(
+        kind=executor,
+        jobs=parse_jobs(jobs_text),
+        scheduler=scheduler,
+        memory=budget_from_option(max_memory),
+        memory_from_user=max_memory is not None,
+    )
+    meta, tables = run_ingest(paths, options, progress=_progress, executor=spec)
     target = out_dir if out_dir is not None else run_dir(store or default_store(), system, meta.name)
     write_run(target, meta, tables)
     if as_json:
@@ -161,6 +204,37 @@ def _print_trace_run(meta, tables) -> None:
         if "collective_summary" in views:
             click.echo("\nCollectives (bytes = nccl-tests size; -1 = unknown; bandwidths in GB/s):")
             click.echo(views["collective_summary"].to_string(index=False, float_format=_fmt))
+        if "crossrank" in tables:
+            _print_crossrank(meta, tables["crossrank"])
+
+
+def _print_crossrank(meta, cr) -> None:
+    """The straggler summary: who the others waited for, per iteration and overall."""
+    from ingest import crossrank
+
+    cov = crossrank.coverage(cr)
+    if cov["matches"] == 0:
+        click.echo("\nCross-rank: no collective matched across ranks.")
+        return
+    how = "process group + sequence number" if cov["by_seq"] == cov["matches"] else "order"
+    if 0 < cov["by_seq"] < cov["matches"]:
+        how = "sequence number or order"
+    unmatched = f"; {cov['unmatched_calls']} calls unmatched" if cov["unmatched_calls"] else ""
+    click.echo(
+        f"\nStragglers ({cov['matches']} collectives matched across up to {cov['max_ranks']} ranks "
+        f"by {how}{unmatched}):"
+    )
+    click.echo("  transfer = the fastest rank's time (the last to arrive); wait = the rest, per rank")
+    if len(meta.ranks) < (meta.world_size or 0):
+        click.echo(
+            f"  only {len(meta.ranks)} of {meta.world_size} ranks traced: transfer is an upper bound, wait a lower bound"
+        )
+    per_it = crossrank.stragglers(cr)
+    per_rank = crossrank.rank_summary(cr).sort_values(["wait_s"], kind="stable")
+    with pd.option_context("display.width", 200, "display.max_rows", 60):
+        click.echo(per_it.to_string(index=False, float_format=_fmt))
+        click.echo("  ranks the others waited for most (least waiting themselves):")
+        click.echo(per_rank.head(5).to_string(index=False, float_format=_fmt))
 
 
 def _print_samples(meta, tables) -> None:
