@@ -141,8 +141,8 @@ def compute(ev: Events, tl: Timeline, rank: int, dist_info: dict[str, Any]) -> p
         backend = np.where(np.char.find(np.array(names, dtype=str), "rccl") >= 0, "rccl", "nccl")
     else:
         coll = np.array([canonical(nm.split(":", 1)[-1]) for nm in names], dtype=object)
-        dims = _decode_many([a.input_dims for a in (ev.args[i] for i in idx)])
-        types = _decode_many([a.input_type for a in (ev.args[i] for i in idx)])
+        dims = _decode_many(ev.arg(idx, "input_dims"))
+        types = _decode_many(ev.arg(idx, "input_type"))
         in_n = np.array([_numel(d) for d in dims], dtype=np.int64)
         dtype = [t[0] if isinstance(t, list) and t and isinstance(t[0], str) else None for t in types]
         sizes = set(pg_sizes.values())
@@ -215,7 +215,7 @@ def _fill_from_host_ops(ev: Events, tl: Timeline, in_n, out_n, gsize, dtype, pg_
         return
     ops = tl.ops
     # only record_param_comms-style ops carry sizes: look at their args, not every op's
-    carrier = np.flatnonzero(np.isin(ev.names[ev.name[ops]], ["record_param_comms"]))
+    carrier = np.flatnonzero(np.isin(ev.names, ["record_param_comms"])[ev.name[ops]])
     has_size = np.zeros(len(ops), dtype=bool)
     has_size[carrier] = _ints(ev.arg(ops[carrier], "in_nelems")) >= 0
     if not has_size.any():
@@ -226,7 +226,7 @@ def _fill_from_host_ops(ev: Events, tl: Timeline, in_n, out_n, gsize, dtype, pg_
     for j, h in zip(need, host, strict=True):
         if h < 0:
             continue
-        a = ev.args[ops[h]]
+        a = ev.args[int(ops[h])]
         in_n[j] = a.in_nelems if isinstance(a.in_nelems, int) else -1
         out_n[j] = a.out_nelems if isinstance(a.out_nelems, int) else -1
         if gsize[j] < 0 and isinstance(a.group_size, int):

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ingest.reader import Args, RawTrace
+from ingest.reader import Args, LazyArgs, RawTrace
 
 KERNEL, MEMCPY, MEMSET, RUNTIME, OP, ANNOTATION, GPU_ANNOTATION, OTHER = range(8)
 DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)
@@ -65,15 +65,20 @@ class Events:
 
     def arg(self, idx: np.ndarray, attr: str) -> list[Any]:
         """One ``args`` attribute for the events ``idx`` (a Python list, subset only)."""
-        args = self.args
-        return list(map(attrgetter(attr), [args[i] for i in idx.tolist()]))
+        return list(map(attrgetter(attr), self.args_of(idx)))
 
     def int_arg(self, idx: np.ndarray, attr: str) -> np.ndarray:
         """An integer ``args`` attribute (typed in ingest.reader.Args) as int64; -1 missing."""
+        if isinstance(self.args, LazyArgs) and attr in ("correlation", "external_id"):
+            return self.args.ids(attr, np.asarray(idx).tolist())
+        return np.fromiter(map(attrgetter(attr), self.args_of(idx)), dtype=np.int64, count=len(idx))
+
+    def args_of(self, idx: np.ndarray) -> list[Args]:
+        """The decoded args of events ``idx`` (batch-decoded on the fast read path)."""
         args = self.args
-        return np.fromiter(
-            map(attrgetter(attr), [args[i] for i in idx.tolist()]), dtype=np.int64, count=len(idx)
-        )
+        if isinstance(args, LazyArgs):
+            return args.many(np.asarray(idx).tolist())
+        return [args[i] for i in np.asarray(idx).tolist()]
 
 
 class _Codes(dict):
@@ -106,7 +111,13 @@ def normalise(raw: RawTrace) -> Events:
     kind = np.fromiter(map(_KindOf().__getitem__, raw.cat), dtype=np.int8, count=n)
     name_codes, name_list = _encode(raw.name)
     names = np.array([v if isinstance(v, str) else str(v) for v in name_list], dtype=object)
-    thread_codes, threads = _encode(list(zip(raw.pid, raw.tid, strict=True)))
+    pid_codes, pids = _encode(raw.pid)
+    tid_codes, tids = _encode(raw.tid)
+    pair, thread_codes = np.unique(
+        pid_codes.astype(np.int64) * max(len(tids), 1) + tid_codes, return_inverse=True
+    )
+    thread_codes = thread_codes.astype(np.int32)
+    threads = [(pids[p // max(len(tids), 1)], tids[p % max(len(tids), 1)]) for p in pair.tolist()]
     thread_names = {i: raw.thread_names.get(t, "") for i, t in enumerate(threads)}
     return Events(
         start=start,

@@ -36,8 +36,8 @@ def compute(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
         return empty_table("gemms")
     ev_idx = tl.ops[sel]
     sel_names = ev.names[ev.name[ev_idx]]
-    dims = _decode_many([ev.args[i].input_dims for i in ev_idx])
-    types = _decode_many([ev.args[i].input_type for i in ev_idx])
+    dims = _decode_many(ev.arg(ev_idx, "input_dims"))
+    types = _decode_many(ev.arg(ev_idx, "input_type"))
     m = np.full(len(sel), -1, dtype=np.int64)
     n = m.copy()
     k = m.copy()

@@ -7,6 +7,8 @@ finds the files, tells traces from nccl-tests logs by content, and assembles the
 
 from __future__ import annotations
 
+import functools
+import gc
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -70,6 +72,27 @@ class RankResult:
     raw_bytes: int
 
 
+def _gc_paused(fn):
+    """Run ``fn`` with the cyclic garbage collector paused.
+
+    Ingest allocates hundreds of thousands of small objects (decoded events, lists) that
+    contain no cycles; generational collections over them cost as much as the analysis.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    return wrapper
+
+
+@_gc_paused
 def ingest_rank(
     path: str | Path,
     rank_hint: int = 0,
