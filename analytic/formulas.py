@@ -1,0 +1,150 @@
+"""Closed-form transformer counts: parameters, FLOPs, activation bytes.
+
+All functions broadcast over numpy arrays (the search passes whole strategy grids).
+Notation as in seed 004: hidden d, layers l, heads a, sequence s, micro-batch b,
+vocabulary V, tensor-parallel size t.
+
+* parameters          P = 12 l d^2                       (seed 004)
+                      exact: 12 l d^2 + 13 l d + (V + s) d  (Narayanan et al. SC21 sec. 5.1)
+* training FLOPs      b (72 s d^2 + 12 s^2 d) l           (seed 004; = 3 x forward)
+  LM head             + 6 b s d V                          (Narayanan et al. eq. 3)
+  full recompute      one more forward: x 4/3 on the layers (eq. 3's 96 = 4 x 24)
+  selective recompute one more attention-core forward: + 4 b s^2 d l (Korthikanti et al.)
+* activations/layer   s b d (34 + 5 a s / d) bytes         (Korthikanti et al. eq. 1;
+                      seed 004's b(34 s d + 5 a s^2) l)
+  with TP t           s b d (10 + 24/t + 5 a s/(d t))      (eq. 2)
+  TP + SP             s b d (34 + 5 a s / d) / t           (eq. 4)
+  selective           drops the 5 a s / d term (sec. 4.2)
+  full recompute      2 s b d (the layer input only; / t with SP) (sec. 4.3)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+NONE, SELECTIVE, FULL = 0, 1, 2
+RECOMPUTE_NAMES = ("none", "selective", "full")
+BYTES_PER_VALUE = 2  # fp16 / bf16 activations and gradients
+
+
+def recompute_code(name: str) -> int:
+    from ingest.errors import InputError
+
+    try:
+        return RECOMPUTE_NAMES.index(name.strip().lower())
+    except ValueError:
+        raise InputError("--recompute", f"unknown recompute mode '{name}' (none, selective, full)") from None
+
+
+# ---- parameters ----------------------------------------------------------------------
+def params_layers(d: ArrayLike, L: ArrayLike) -> np.ndarray:
+    """12 l d^2: the transformer blocks' weights (seed 004's P)."""
+    d = np.asarray(d, dtype=float)
+    return 12.0 * np.asarray(L, dtype=float) * d * d
+
+
+def params_total(
+    d: ArrayLike, L: ArrayLike, V: ArrayLike = 0, s: ArrayLike = 0, exact: bool = False
+) -> np.ndarray:
+    """P = 12 l d^2 + V d; with ``exact`` also biases/layer norms 13 l d and positions s d."""
+    d = np.asarray(d, dtype=float)
+    p = params_layers(d, L) + np.asarray(V, dtype=float) * d
+    if exact:
+        p = p + 13.0 * np.asarray(L, dtype=float) * d + np.asarray(s, dtype=float) * d
+    return p
+
+
+# ---- FLOPs ---------------------------------------------------------------------------
+def forward_flops_layer(b: ArrayLike, s: ArrayLike, d: ArrayLike) -> np.ndarray:
+    """Forward FLOPs of one layer for b sequences: 24 b s d^2 + 4 b s^2 d."""
+    b, s, d = (np.asarray(x, dtype=float) for x in (b, s, d))
+    return b * s * d * (24.0 * d + 4.0 * s)
+
+
+def training_flops_layers(
+    b: ArrayLike, s: ArrayLike, d: ArrayLike, L: ArrayLike, recompute: ArrayLike = NONE
+) -> np.ndarray:
+    """Training FLOPs of the layers: b (72 s d^2 + 12 s^2 d) l, plus what recompute redoes."""
+    fwd = forward_flops_layer(b, s, d)
+    rc = np.asarray(recompute)
+    b, s, d = (np.asarray(x, dtype=float) for x in (b, s, d))
+    extra = np.where(rc == FULL, fwd, np.where(rc == SELECTIVE, 4.0 * b * s * s * d, 0.0))
+    return (3.0 * fwd + extra) * np.asarray(L, dtype=float)
+
+
+def lm_head_flops(b: ArrayLike, s: ArrayLike, d: ArrayLike, V: ArrayLike) -> np.ndarray:
+    """Logit layer, forward and backward: 6 b s d V (never recomputed)."""
+    b, s, d, V = (np.asarray(x, dtype=float) for x in (b, s, d, V))
+    return 6.0 * b * s * d * V
+
+
+def model_flops(b: ArrayLike, s: ArrayLike, d: ArrayLike, L: ArrayLike, V: ArrayLike) -> np.ndarray:
+    """Model FLOPs (MFU basis): layers without recompute plus the LM head."""
+    return training_flops_layers(b, s, d, L) + lm_head_flops(b, s, d, V)
+
+
+def megatron_eq3_flops(B: ArrayLike, s: ArrayLike, d: ArrayLike, L: ArrayLike, V: ArrayLike) -> np.ndarray:
+    """Narayanan et al. eq. 3: 96 B s l d^2 (1 + s/(6d) + V/(16 l d)) -- full recompute counted."""
+    B, s, d, L, V = (np.asarray(x, dtype=float) for x in (B, s, d, L, V))
+    return 96.0 * B * s * L * d * d * (1.0 + s / (6.0 * d) + V / (16.0 * L * d))
+
+
+# ---- activations ---------------------------------------------------------------------
+def activation_bytes_layer(
+    b: ArrayLike,
+    s: ArrayLike,
+    d: ArrayLike,
+    a: ArrayLike,
+    t: ArrayLike = 1,
+    seq_parallel: ArrayLike = False,
+    recompute: ArrayLike = NONE,
+    flash: ArrayLike = False,
+) -> np.ndarray:
+    """Activation bytes one layer keeps for backward, per GPU (Korthikanti et al. 2022).
+
+    ``flash``: fused attention (FlashAttention) keeps no s x s score tensors, so the
+    5 a s / d term vanishes.
+    """
+    b, s, d, a, t = (np.asarray(x, dtype=float) for x in (b, s, d, a, t))
+    sp = np.asarray(seq_parallel, dtype=bool)
+    rc = np.asarray(recompute)
+    sbd = s * b * d
+    attn = np.where(flash, 0.0, 5.0 * a * s / (d * t))  # softmax in/out + dropout mask, per head shard
+    linear = np.where(sp, 34.0 / t, 10.0 + 24.0 / t)
+    full = 2.0 * sbd / np.where(sp, t, 1.0)
+    return np.where(rc == FULL, full, np.where(rc == SELECTIVE, sbd * linear, sbd * (linear + attn)))
+
+
+def vector_traffic_bytes_layer(
+    b: ArrayLike,
+    s: ArrayLike,
+    d: ArrayLike,
+    a: ArrayLike,
+    t: ArrayLike = 1,
+    seq_parallel: ArrayLike = False,
+    recompute: ArrayLike = NONE,
+    flash: ArrayLike = False,
+    passes: float = 5.0,
+) -> np.ndarray:
+    """HBM bytes the memory-bound (non-matmul) kernels of one layer move, fwd + bwd, per GPU.
+
+    Korthikanti's activation count lists every tensor the element-wise kernels (layer
+    norm, GeLU, softmax, dropout, residual adds) produce.  Each is written and read in
+    forward and read, and its gradient written and read, in backward: ``passes`` = 5
+    traversals of the activation bytes.  Full recompute re-runs the forward (2 more);
+    selective recompute re-runs only the attention core (2 more over its s x s tensors).
+    """
+    rc = np.asarray(recompute)
+    base = activation_bytes_layer(b, s, d, a, t, seq_parallel, NONE, flash)
+    attn = base - activation_bytes_layer(b, s, d, a, t, seq_parallel, SELECTIVE, flash)
+    extra = np.where(rc == FULL, base, np.where(rc == SELECTIVE, attn, 0.0)) * (2.0 / 5.0)
+    return passes * (base + extra)
+
+
+def activation_bytes_seed004(
+    b: ArrayLike, s: ArrayLike, d: ArrayLike, a: ArrayLike, L: ArrayLike
+) -> np.ndarray:
+    """Seed 004's estimate for the whole model: b (34 s d + 5 a s^2) l bytes."""
+    b, s, d, a, L = (np.asarray(x, dtype=float) for x in (b, s, d, a, L))
+    return b * (34.0 * s * d + 5.0 * a * s * s) * L

@@ -1,0 +1,77 @@
+"""Memory per GPU: model states under ZeRO and activations under TP/SP/PP/recompute.
+
+Mixed-precision Adam keeps 16 bytes per parameter (Rajbhandari et al., ZeRO): fp16
+weights (2) and gradients (2), fp32 master weights, momentum and variance (12).  Over a
+data-parallel group of size d, ZeRO-1 shards the 12, ZeRO-2 also the gradients, ZeRO-3
+everything:
+
+    ZeRO-0  16 P        ZeRO-1  4 P + 12 P / d
+    ZeRO-2  2 P + 14 P / d      ZeRO-3  16 P / d   (+ two gathered layers in flight)
+
+Activations: Korthikanti et al.'s bytes per layer (formulas.activation_bytes_layer) for
+the layers of one stage, times the micro-batches the first stage holds in flight under
+1F1B, min(p, m), times (1 + (p - 1) / (p v)) with interleaving; full recompute adds one
+layer's full activations (the layer being recomputed); a single-stage model also keeps
+the fp32 logits of its micro-batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from analytic import formulas as F
+
+BYTES_WEIGHT, BYTES_GRAD, BYTES_OPTIMIZER = 2.0, 2.0, 12.0
+LOGITS_BYTES = 4.0  # fp32 logits kept for the cross-entropy backward
+GATHERED_LAYERS = 2.0  # ZeRO-3: the layer computing and the one being prefetched
+
+
+def zero_states_bytes(
+    params: ArrayLike, dp: ArrayLike, zero: ArrayLike
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(weights, gradients, optimizer states) bytes per GPU for ``params`` per model replica."""
+    P = np.asarray(params, dtype=float)
+    d = np.asarray(dp, dtype=float)
+    z = np.asarray(zero)
+    weights = BYTES_WEIGHT * P / np.where(z == 3, d, 1.0)
+    grads = BYTES_GRAD * P / np.where(z >= 2, d, 1.0)
+    optim = BYTES_OPTIMIZER * P / np.where(z >= 1, d, 1.0)
+    return weights, grads, optim
+
+
+def activations_bytes(
+    b: ArrayLike, s: ArrayLike, d: ArrayLike, a: ArrayLike, L: ArrayLike, V: ArrayLike,
+    t: ArrayLike, p: ArrayLike, m: ArrayLike, v: ArrayLike,
+    recompute: ArrayLike = F.NONE, seq_parallel: ArrayLike = False, flash: ArrayLike = False,
+) -> np.ndarray:  # fmt: skip
+    """Activation bytes on the first pipeline stage (the one holding the most)."""
+    b, s, d, a, L, V, t, p, m, v = (np.asarray(x, dtype=float) for x in (b, s, d, a, L, V, t, p, m, v))
+    rc = np.asarray(recompute)
+    per_layer = F.activation_bytes_layer(b, s, d, a, t, seq_parallel, rc, flash)
+    in_flight = np.minimum(p, m)
+    interleave = np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
+    acts = per_layer * (L / p) * in_flight * interleave
+    acts = acts + np.where(
+        rc == F.FULL, F.activation_bytes_layer(b, s, d, a, t, seq_parallel, F.NONE, flash), 0.0
+    )
+    return acts + np.where(p == 1, LOGITS_BYTES * b * s * V / t, 0.0)
+
+
+def memory_per_gpu(
+    params: ArrayLike, d_model: ArrayLike, t: ArrayLike, dp: ArrayLike, zero: ArrayLike,
+    activations: ArrayLike, reserve_bytes: float,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """Weights, gradients, optimizer states, activations and their total (with the reserve)."""
+    weights, grads, optim = zero_states_bytes(params, dp, zero)
+    d = np.asarray(d_model, dtype=float)
+    gathered = GATHERED_LAYERS * BYTES_WEIGHT * 12.0 * d * d / np.asarray(t, dtype=float)
+    weights = weights + np.where(np.asarray(zero) == 3, gathered, 0.0)
+    acts = np.asarray(activations, dtype=float)
+    return {
+        "mem_weights_bytes": weights,
+        "mem_grads_bytes": grads,
+        "mem_optimizer_bytes": optim,
+        "mem_activations_bytes": acts,
+        "mem_total_bytes": weights + grads + optim + acts + reserve_bytes,
+    }

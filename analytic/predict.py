@@ -1,0 +1,117 @@
+"""Predict one strategy at several GPU counts: breakdown, memory, throughput, scaling.
+
+Scaling is reported against the smallest configuration g two ways:
+
+* ``speedup`` = tokens/s at n over tokens/s at g, and ``scaling_eff`` = speedup * g / n;
+* ``seed004_speedup``: seed 004's formula from g's time shares and the communication
+  efficiency eff_{g->n} = t_comm(g) / t_comm(n):
+  (tokens per iteration ratio) * (r_compute + r_comm) / (r_compute + r_comm / eff_{g->n}),
+  which equals ``speedup`` whenever the per-GPU compute does not change with n (weak
+  scaling, the default: the global batch grows with DP); it is left empty (NaN) for
+  configurations whose work per GPU differs from g's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analytic import formulas as F
+from analytic.specs import ModelSpec
+from analytic.strategy import Strategies, check_config
+from analytic.timemodel import TIME_KEYS, System, evaluate
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The knobs held fixed while the GPU count varies (see ``calib predict --help``)."""
+
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0
+    micro_batch: int = 1
+    global_batch: int | None = None  # None: weak scaling, micro_batch x DP sequences
+    recompute: int = F.NONE
+    seq_parallel: bool = False
+    interleave: int = 1
+    dp_overlap: bool = False
+    flash_attention: bool = False
+
+
+@dataclass(frozen=True)
+class Prediction:
+    table: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+
+def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Prediction:
+    """Evaluate ``plan`` at every GPU count; raise InputError on the first invalid one."""
+    if not gpus:
+        from ingest.errors import InputError
+
+        raise InputError("--gpus", "give at least one GPU count")
+    gpus = sorted(set(gpus))
+    dps, batches = [], []
+    for n in gpus:
+        B = plan.global_batch or plan.micro_batch * (n // (plan.tp * plan.pp) or 1)
+        dps.append(check_config(model, n, plan.tp, plan.pp, plan.micro_batch, B, plan.interleave, plan.zero,
+                                plan.recompute, plan.seq_parallel))  # fmt: skip
+        batches.append(B)
+    st = Strategies.of(
+        tp=np.full(len(gpus), plan.tp), pp=np.full(len(gpus), plan.pp), dp=np.array(dps),
+        micro_batch=np.full(len(gpus), plan.micro_batch), global_batch=np.array(batches),
+        interleave=plan.interleave, zero=plan.zero, recompute=plan.recompute,
+        seq_parallel=plan.seq_parallel, dp_overlap=plan.dp_overlap, flash_attention=plan.flash_attention,
+    )  # fmt: skip
+    r = evaluate(model, system, st)
+    n = np.array(gpus, dtype=float)
+    df = pd.DataFrame({
+        "gpus": gpus, "tp": plan.tp, "pp": plan.pp, "dp": dps, "zero": plan.zero,
+        "micro_batch": plan.micro_batch, "microbatches": r["microbatches"].astype(int), "global_batch": batches,
+        "iter_s": r["iter_s"],
+    })  # fmt: skip
+    for k in (*TIME_KEYS, "dp_allreduce_s", "dp_allgather_s", "dp_reducescatter_s", "compute_s", "comm_s",
+              "comm_exposed_s", "comm_overlapped_s"):  # fmt: skip
+        df[k] = np.broadcast_to(r[k], n.shape)
+    for k in ("weights", "grads", "optimizer", "activations", "total"):
+        df[f"mem_{k}_gb"] = np.broadcast_to(r[f"mem_{k}_bytes"], n.shape) / GB
+    df["hbm_gb"] = system.hw.hbm_gb
+    df["oom"] = np.broadcast_to(r["oom"], n.shape)
+    df["tokens_per_s"] = r["tokens_per_s"]
+    df["tflops_per_gpu"] = r["model_tflops_per_gpu"]
+    df["hw_tflops_per_gpu"] = r["hw_tflops_per_gpu"]
+    df["mfu"] = r["mfu"]
+    df = df.assign(**scaling(df))
+    notes = [f"scaling relative to {gpus[0]} GPUs"]
+    if plan.global_batch is None:
+        notes.append(
+            f"weak scaling: global batch = micro-batch {plan.micro_batch} x DP (one micro-batch per GPU)"
+        )
+    if df["oom"].any():
+        notes.append(
+            "OOM: " + ", ".join(f"{g} GPUs" for g in df.loc[df["oom"], "gpus"]) + " exceed device memory"
+        )
+    return Prediction(df, notes)
+
+
+def scaling(df: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Speedup and efficiency against the first (smallest) row; seed 004's formula alongside."""
+    n = df["gpus"].to_numpy(dtype=float)
+    tok = df["tokens_per_s"].to_numpy()
+    it = df["iter_s"].to_numpy()
+    comm = df["comm_exposed_s"].to_numpy()
+    speedup = tok / tok[0]
+    r_comm = comm[0] / it[0]
+    r_comp = 1.0 - r_comm
+    batch = df["global_batch"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eff = np.where(comm > 0, comm[0] / comm, 1.0)
+        seed = (batch / batch[0]) / (r_comp + r_comm / eff)
+    # the seed's formula holds compute fixed: defined only when the work per GPU is unchanged
+    weak = np.isclose(batch / n, batch[0] / n[0])
+    seed = np.where(weak, seed, np.nan)
+    return {"speedup": speedup, "scaling_eff": speedup * n[0] / n, "eff_comm": eff, "seed004_speedup": seed}

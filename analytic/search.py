@@ -1,0 +1,216 @@
+"""Strategy search: enumerate every valid strategy for a model on N GPUs and rank them.
+
+The space is the product of a *layout* (TP t, PP p, DP d, micro-batch b, interleaving v)
+and *options* (ZeRO stage, recompute, sequence parallelism, DP overlap).  Layouts come
+from divisor arithmetic done with numpy masks (t | a and t | N; p | l and p | N/t;
+d = N/(t p) with d | B; b | B/d; v | l/p and, for v > 1, m % p == 0); options are a
+fixed table.  The time model is evaluated on the (layouts x 1) by (1 x options) grid by
+broadcasting: communication and every per-layout term are computed once per layout,
+the options combine them with cheap element-wise arithmetic.  No Python loop runs per
+strategy; layouts are processed in chunks to bound memory.
+
+Counted strategies are the valid ones (out-of-memory included, reported as such);
+duplicates are not generated: ZeRO > 0 and DP overlap need DP > 1, sequence
+parallelism needs TP > 1, ZeRO-2/3 need PP = 1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analytic.specs import ModelSpec
+from analytic.strategy import Strategies
+from analytic.timemodel import System, evaluate
+
+CHUNK_STRATEGIES = 1 << 20  # strategies per evaluation chunk (bounds memory to ~1 GB)
+
+
+def divisors(n: int) -> np.ndarray:
+    k = np.arange(1, int(np.sqrt(n)) + 1)
+    small = k[n % k == 0]
+    return np.unique(np.concatenate([small, n // small]))
+
+
+@dataclass(frozen=True)
+class Space:
+    """The knobs a search may vary; defaults span everything the model knows."""
+
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[int, ...] = (0, 1, 2)
+    seq_parallel: tuple[bool, ...] = (False, True)
+    dp_overlap: tuple[bool, ...] = (False, True)
+    interleave: bool = True
+    max_tp: int | None = None
+    flash_attention: bool = False
+
+
+def layouts(model: ModelSpec, gpus: int, global_batch: int, space: Space = Space()) -> dict[str, np.ndarray]:
+    """Every valid (t, p, d, b, v), as 1-D int arrays of equal length."""
+    N, B, L, a = gpus, global_batch, model.n_layers, model.n_heads
+    dN = divisors(N)
+    t = dN[(a % dN == 0) & (dN <= (space.max_tp or N))]
+    T, P = np.meshgrid(t, dN, indexing="ij")
+    ok = (N % (T * P) == 0) & (L % P == 0)
+    T, P = T[ok], P[ok]
+    D = N // (T * P)
+    ok = B % D == 0
+    T, P, D = T[ok], P[ok], D[ok]
+    bd = divisors(B)
+    idx, bb = np.meshgrid(np.arange(T.size), bd, indexing="ij")
+    idx, bb = idx.ravel(), bb.ravel()
+    ok = (B // D[idx]) % bb == 0
+    idx, bb = idx[ok], bb[ok]
+    m = B // (D[idx] * bb)
+    vd = divisors(L) if space.interleave else np.array([1])
+    j, vv = np.meshgrid(np.arange(idx.size), vd, indexing="ij")
+    j, vv = j.ravel(), vv.ravel()
+    p = P[idx][j]
+    ok = (vv == 1) | ((p > 1) & ((L // p) % vv == 0) & (m[j] % p == 0))
+    j, vv = j[ok], vv[ok]
+    return {"tp": T[idx][j], "pp": P[idx][j], "dp": D[idx][j], "micro_batch": bb[j], "interleave": vv}
+
+
+#: option axes of the search grid, after the layout axis 0
+OPTION_AXES = ("zero", "recompute", "seq_parallel", "dp_overlap")
+
+
+def options(space: Space = Space()) -> dict[str, np.ndarray]:
+    """Each option as an array along its own axis (1..4) of the (layout, *options) grid.
+
+    Keeping the options on separate axes lets broadcasting compute every intermediate at
+    the shape it depends on: compute terms on (layout, recompute, SP), DP terms on
+    (layout, ZeRO, recompute, overlap); only the final sums span the whole grid.
+    """
+    vals = {"zero": np.array(space.zero), "recompute": np.array(space.recompute),
+            "seq_parallel": np.array(space.seq_parallel, dtype=bool), "dp_overlap": np.array(space.dp_overlap, dtype=bool)}  # fmt: skip
+    out = {}
+    for axis, name in enumerate(OPTION_AXES, start=1):
+        shape = [1] * (len(OPTION_AXES) + 1)
+        shape[axis] = -1
+        out[name] = vals[name].reshape(shape)
+    return out
+
+
+def _col(x: np.ndarray) -> np.ndarray:
+    return x.reshape((-1,) + (1,) * len(OPTION_AXES))
+
+
+def option_mask(lay: dict[str, np.ndarray], opt: dict[str, np.ndarray]) -> np.ndarray:
+    """Validity over the grid: no duplicates, nothing the frameworks cannot run."""
+    t, p, d = (_col(lay[k]) for k in ("tp", "pp", "dp"))
+    z, sp, ov = opt["zero"], opt["seq_parallel"], opt["dp_overlap"]
+    return ((z == 0) | (d > 1)) & ((z <= 1) | (p == 1)) & (~sp | (t > 1)) & (~ov | (d > 1))
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    top: pd.DataFrame  # best feasible strategies, ranked by iteration time (full breakdown)
+    best_per_gpus: pd.DataFrame  # the best feasible strategy at each GPU count
+    n_strategies: int  # valid strategies evaluated (OOM included)
+    n_feasible: int  # those that fit in memory
+    seconds: float  # wall time of enumeration + evaluation + ranking
+
+    @property
+    def rate(self) -> float:
+        return self.n_strategies / self.seconds if self.seconds > 0 else float("inf")
+
+
+def enumerate_layouts(
+    model: ModelSpec, gpus: Sequence[int], global_batch: int, space: Space
+) -> dict[str, np.ndarray]:
+    """Layouts of every GPU count, concatenated (one grid for a whole system-size sweep)."""
+    parts = [layouts(model, n, global_batch, space) for n in gpus]  # one numpy pass per GPU count
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def search(
+    model: ModelSpec,
+    system: System,
+    gpus: int | Sequence[int],
+    global_batch: int,
+    space: Space = Space(),
+    top: int = 10,
+) -> SearchResult:
+    """Enumerate, evaluate and rank every valid strategy (see module docstring).
+
+    The grid pass is lean (iteration time and memory); the top strategies are then
+    re-evaluated in full by the same model for their breakdown.
+    """
+    t0 = time.perf_counter()
+    gpus = [gpus] if isinstance(gpus, (int, np.integer)) else sorted(set(int(g) for g in gpus))
+    lay = enumerate_layouts(model, gpus, global_batch, space)
+    opt = options(space)
+    n_opt = int(np.prod([opt[k].size for k in OPTION_AXES]))
+    step = max(1, CHUNK_STRATEGIES // max(n_opt, 1))
+    keep = max(top, 1)
+    picks: list[dict[str, np.ndarray]] = []
+    n_valid = n_fit = 0
+    for lo in range(0, lay["tp"].size, step):  # chunks of layouts, not strategies
+        sl = {k: v[lo : lo + step] for k, v in lay.items()}
+        grid = (sl["tp"].size, *(opt[k].size for k in OPTION_AXES))
+        mask = np.broadcast_to(option_mask(sl, opt), grid)
+        r = evaluate(model, system, _strategies(sl, opt, global_batch, space), lean=True)
+        it = np.broadcast_to(r["iter_s"], grid).ravel()
+        feasible = (mask & ~np.broadcast_to(r["oom"], grid)).ravel()
+        n_valid += int(np.count_nonzero(mask))
+        n_fit += int(np.count_nonzero(feasible))
+        cand = np.flatnonzero(feasible)
+        if cand.size == 0:
+            continue
+        score = np.where(feasible, it, np.inf)
+        # the best `keep` overall, plus the best of every GPU count in this chunk
+        k = min(keep, cand.size)
+        best = cand[np.argpartition(score[cand], k - 1)[:k]]
+        n_of = np.broadcast_to(_col(sl["tp"] * sl["pp"] * sl["dp"]), grid).ravel()
+        order = np.lexsort((score[cand], n_of[cand]))
+        first = cand[order][np.r_[True, np.diff(n_of[cand][order]) != 0]]
+        pick = np.unique(np.concatenate([best, first]))
+        idx = np.unravel_index(pick, grid)
+        picks.append(
+            {
+                **{k: sl[k][idx[0]] for k in sl},
+                **{k: opt[k].ravel()[idx[a]] for a, k in enumerate(OPTION_AXES, 1)},
+            }
+        )
+    if not picks:
+        empty = pd.DataFrame()
+        return SearchResult(empty, empty, n_valid, n_fit, time.perf_counter() - t0)
+    cand = {k: np.concatenate([p[k] for p in picks]) for k in picks[0]}
+    table = detail(model, system, cand, global_batch, space)
+    table = table.sort_values(["iter_s", "mem_total_gb"], kind="stable").reset_index(drop=True)
+    per_gpus = table.groupby("gpus", sort=True).head(1).reset_index(drop=True)
+    ranked = table.head(top).reset_index(drop=True)
+    ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
+    return SearchResult(ranked, per_gpus, n_valid, n_fit, time.perf_counter() - t0)
+
+
+def _strategies(sl: dict, opt: dict, B: int, space: Space) -> Strategies:
+    return Strategies.of(
+        tp=_col(sl["tp"]), pp=_col(sl["pp"]), dp=_col(sl["dp"]), micro_batch=_col(sl["micro_batch"]),
+        global_batch=B, interleave=_col(sl["interleave"]), flash_attention=space.flash_attention,
+        **{k: opt[k] for k in OPTION_AXES},
+    )  # fmt: skip
+
+
+def detail(
+    model: ModelSpec, system: System, cand: dict[str, np.ndarray], B: int, space: Space
+) -> pd.DataFrame:
+    """Full evaluation of a few chosen strategies (1-D), as a table."""
+    st = Strategies.of(**cand, global_batch=B, flash_attention=space.flash_attention)
+    r = evaluate(model, system, st)
+    df = pd.DataFrame({"gpus": cand["tp"] * cand["pp"] * cand["dp"], **cand})
+    df.insert(df.columns.get_loc("micro_batch") + 1, "microbatches", B // (cand["dp"] * cand["micro_batch"]))
+    n = len(df)
+    for key in ("iter_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "compute_s", "comm_exposed_s",
+                "comm_overlapped_s", "bubble_s", "tp_s", "pp_s"):  # fmt: skip
+        df[key.replace("model_", "")] = np.broadcast_to(r[key], (n,))
+    df["dp_exposed_s"] = (
+        r["dp_allreduce_exposed_s"] + r["dp_allgather_exposed_s"] + r["dp_reducescatter_exposed_s"]
+    )
+    df["mem_total_gb"] = r["mem_total_bytes"] / 1e9
+    return df

@@ -1,0 +1,243 @@
+"""Model and hardware specs: frozen data, loaded from sourced YAML/JSON files.
+
+Presets live in ``analytic/data/models.yaml`` and ``analytic/data/hardware.yaml``; every
+entry names its source.  Users pass a preset name or their own YAML/JSON file with the
+same fields.  Bad names and malformed files raise :class:`InputError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, dataclass, fields
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ingest.errors import InputError
+
+DATA_DIR = Path(__file__).with_name("data")
+MODELS_FILE = DATA_DIR / "models.yaml"
+HARDWARE_FILE = DATA_DIR / "hardware.yaml"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A GPT-style decoder: hidden d, layers l, heads a, sequence s, vocabulary V (MLP 4d)."""
+
+    name: str
+    d_model: int
+    n_layers: int
+    n_heads: int
+    seq_len: int
+    vocab: int
+    global_batch: int | None = None
+    source: str = ""
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("d_model", "n_layers", "n_heads", "seq_len", "vocab"):
+            v = getattr(self, f)
+            if not isinstance(v, (int,)) or isinstance(v, bool) or v < 1:
+                raise InputError(self.name or "model", f"{f} must be a positive integer, got {v!r}")
+        if self.global_batch is not None and self.global_batch < 1:
+            raise InputError(self.name or "model", f"global_batch must be positive, got {self.global_batch}")
+
+    @property
+    def label(self) -> str:
+        return self.name or f"d{self.d_model}-l{self.n_layers}-a{self.n_heads}-s{self.seq_len}"
+
+
+@dataclass(frozen=True)
+class ModelColumns:
+    """Per-row model shapes (arrays), accepted by the time model wherever a ModelSpec is."""
+
+    d_model: np.ndarray
+    n_layers: np.ndarray
+    n_heads: np.ndarray
+    seq_len: np.ndarray
+    vocab: np.ndarray
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One node type: per-GPU peak, HBM, and the scale-up / scale-out link bandwidths."""
+
+    name: str
+    device: str
+    peak_tflops: float
+    hbm_gb: float
+    hbm_tbps: float
+    gpus_per_node: int
+    scale_up_gbps: float  # per GPU, one direction
+    node_nic_gbps: float  # whole node, one direction
+    intra_busbw_efficiency: float = 0.75
+    inter_busbw_efficiency: float = 0.73
+    runtime_reserve_gb: float = 2.0
+    source: str = ""
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("peak_tflops", "hbm_gb", "hbm_tbps", "scale_up_gbps", "node_nic_gbps"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise InputError(self.name or "hardware", f"{f} must be a positive number, got {v!r}")
+        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
+            raise InputError(
+                self.name or "hardware",
+                f"gpus_per_node must be a positive integer, got {self.gpus_per_node!r}",
+            )
+        for f in ("intra_busbw_efficiency", "inter_busbw_efficiency"):
+            v = getattr(self, f)
+            if not 0 < v <= 1:
+                raise InputError(self.name or "hardware", f"{f} must be in (0, 1], got {v!r}")
+
+    @property
+    def intra_busbw_gbps(self) -> float:
+        """Default large-message bus bandwidth of a collective inside one node."""
+        return self.scale_up_gbps * self.intra_busbw_efficiency
+
+    @property
+    def inter_busbw_gbps(self) -> float:
+        """Default busbw of a collective spanning whole nodes: the node's NICs, derated.
+
+        A ring over full nodes crosses each node boundary once per ring and NCCL runs one
+        ring per NIC rail, so the plateau busbw is the node's NIC bandwidth (Polaris:
+        36.5 GB/s measured over 2 x 25 GB/s), capped by the intra-node path.
+        """
+        return min(self.node_nic_gbps * self.inter_busbw_efficiency, self.intra_busbw_gbps)
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gb * 1e9
+
+
+# ---- loading -------------------------------------------------------------------------
+def _read_mapping(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(path, "no such file") from None
+    except OSError as exc:
+        raise InputError(path, f"unreadable: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(
+            path, f"malformed {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: {first}"
+        ) from None
+    if not isinstance(data, dict):
+        raise InputError(path, "expected a mapping of fields (YAML/JSON object)")
+    return data
+
+
+def _build(cls: type, where: str | Path, name: str, entry: Any, extra: dict[str, Any] | None = None):
+    if not isinstance(entry, dict):
+        raise InputError(where, f"entry '{name}' must be a mapping of fields")
+    known = {f.name for f in fields(cls)}
+    data = {**(extra or {}), **{k: v for k, v in entry.items() if k in known}}
+    data.setdefault("name", name)
+    unknown = sorted(set(entry) - known - {"aliases", "family"})
+    if unknown:
+        raise InputError(
+            where,
+            f"entry '{name}': unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})",
+        )
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [f for f in required if f not in data]
+    if missing:
+        raise InputError(where, f"entry '{name}': missing field(s) {', '.join(missing)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise InputError(where, f"entry '{name}': {exc}") from None
+
+
+@cache
+def _model_presets() -> dict[str, ModelSpec]:
+    raw = _read_mapping(MODELS_FILE)
+    families = raw.get("families", {})
+    out: dict[str, ModelSpec] = {}
+    for name, entry in raw["models"].items():
+        fam = families.get(entry.get("family"), {})
+        extra = {
+            "source": fam.get("source", ""),
+            "note": " ".join(filter(None, [fam.get("note", ""), entry.get("note", "")])),
+        }
+        out[name] = _build(
+            ModelSpec, MODELS_FILE, name, {k: v for k, v in entry.items() if k != "note"}, extra
+        )
+    return out
+
+
+@cache
+def _hardware_presets() -> tuple[dict[str, HardwareSpec], dict[str, str]]:
+    raw = _read_mapping(HARDWARE_FILE)
+    d = raw.get("defaults", {})
+    base = {
+        "intra_busbw_efficiency": d.get("intra_busbw_efficiency", 0.75),
+        "inter_busbw_efficiency": d.get("inter_busbw_efficiency", 0.73),
+        "runtime_reserve_gb": d.get("runtime_reserve_gb", 2.0),
+    }
+    out: dict[str, HardwareSpec] = {}
+    aliases: dict[str, str] = {}
+    for name, entry in raw["systems"].items():
+        out[name] = _build(HardwareSpec, HARDWARE_FILE, name, entry, base)
+        for alias in entry.get("aliases", []):
+            aliases[alias] = name
+    return out, aliases
+
+
+def model_names() -> list[str]:
+    return list(_model_presets())
+
+
+def hardware_names() -> list[str]:
+    return list(_hardware_presets()[0])
+
+
+def load_model(name_or_file: str) -> ModelSpec:
+    """A preset by name (case-insensitive) or a YAML/JSON file with ModelSpec fields."""
+    presets = _model_presets()
+    key = name_or_file.strip().lower()
+    if key in presets:
+        return presets[key]
+    path = Path(name_or_file)
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+        entry = _read_mapping(path)
+        return _build(ModelSpec, path, entry.pop("name", path.stem), entry)
+    raise InputError(
+        "--model", f"unknown model '{name_or_file}' (presets: {', '.join(presets)}; or a YAML/JSON file)"
+    )
+
+
+def load_hardware(name_or_file: str) -> HardwareSpec:
+    """A preset by name or alias (case-insensitive) or a YAML/JSON file with HardwareSpec fields."""
+    presets, aliases = _hardware_presets()
+    key = name_or_file.strip().lower()
+    key = aliases.get(key, key)
+    if key in presets:
+        return presets[key]
+    path = Path(name_or_file)
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+        entry = _read_mapping(path)
+        return _build(HardwareSpec, path, entry.pop("name", path.stem), entry)
+    raise InputError(
+        "--hardware",
+        f"unknown hardware '{name_or_file}' (presets: {', '.join(presets)}; or a YAML/JSON file)",
+    )
+
+
+def hardware_for_device(device: str | None) -> HardwareSpec | None:
+    """The first preset whose device string matches a calibration's ``device``, if any."""
+    if not device:
+        return None
+    want = "".join(ch for ch in device.lower() if ch.isalnum())
+    for spec in _hardware_presets()[0].values():
+        have = "".join(ch for ch in spec.device.lower() if ch.isalnum())
+        if want == have or want in have or have in want:
+            return spec
+    return None

@@ -1,0 +1,149 @@
+"""Execution strategies as columns of numpy arrays, and the rules that make one valid.
+
+A :class:`Strategies` holds one array per knob; arrays broadcast together, so the search
+can pass layouts as shape (L, 1) and flag combinations as (1, F) and the time model
+evaluates the (L, F) grid without materialising it knob by knob.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from analytic.formulas import RECOMPUTE_NAMES
+from analytic.specs import ModelSpec
+from ingest.errors import InputError
+
+
+@dataclass(frozen=True)
+class Strategies:
+    """Parallel layout and options, one entry per strategy (broadcastable arrays).
+
+    gpus = tp * pp * dp; global_batch = dp * micro_batch * microbatches.
+    ``recompute``: 0 none, 1 selective, 2 full.  ``interleave``: virtual pipeline
+    stages per GPU (v).  ``dp_overlap``: DP/ZeRO collectives may hide under backward
+    (and forward, ZeRO-3) compute.  ``flash_attention``: fused attention keeps no s x s
+    tensors (memory and element-wise traffic).
+    """
+
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    micro_batch: np.ndarray
+    global_batch: np.ndarray
+    interleave: np.ndarray
+    zero: np.ndarray
+    recompute: np.ndarray
+    seq_parallel: np.ndarray
+    dp_overlap: np.ndarray
+    flash_attention: np.ndarray
+
+    @classmethod
+    def of(cls, **kw) -> Strategies:
+        defaults = {
+            "interleave": 1, "zero": 0, "recompute": 0, "seq_parallel": False, "dp_overlap": False,
+            "flash_attention": False,
+        }  # fmt: skip
+        vals = {**defaults, **kw}
+        out = {}
+        for f in fields(cls):
+            dtype = bool if f.name in ("seq_parallel", "dp_overlap", "flash_attention") else np.int64
+            out[f.name] = np.asarray(vals[f.name], dtype=dtype)
+        return cls(**out)
+
+    @property
+    def gpus(self) -> np.ndarray:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def microbatches(self) -> np.ndarray:
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return np.broadcast_shapes(*(getattr(self, f.name).shape for f in fields(self)))
+
+    def row(self, i: int) -> dict:
+        """Scalar knobs of strategy ``i`` of a 1-D collection (for display and the peer loop)."""
+        b = {f.name: np.broadcast_to(getattr(self, f.name), self.shape).ravel()[i] for f in fields(self)}
+        return {k: (bool(v) if isinstance(v, np.bool_) else int(v)) for k, v in b.items()}
+
+
+def check_config(
+    model: ModelSpec,
+    gpus: int,
+    tp: int,
+    pp: int,
+    micro_batch: int,
+    global_batch: int,
+    interleave: int = 1,
+    zero: int = 0,
+    recompute: int = 0,
+    seq_parallel: bool = False,
+) -> int:
+    """Validate one configuration; return its DP size.  Raise InputError naming the rule."""
+    where = f"{gpus} GPUs"
+    for name, v in (
+        ("--tp", tp),
+        ("--pp", pp),
+        ("--micro-batch", micro_batch),
+        ("--global-batch", global_batch),
+        ("--interleave", interleave),
+        ("--gpus", gpus),
+    ):
+        if v < 1:
+            raise InputError(name, f"must be a positive integer, got {v}")
+    if zero not in (0, 1, 2, 3):
+        raise InputError("--zero", f"ZeRO stage must be 0, 1, 2 or 3, got {zero}")
+    if recompute not in range(len(RECOMPUTE_NAMES)):
+        raise InputError("--recompute", f"unknown recompute code {recompute}")
+    if model.n_heads % tp:
+        raise InputError(
+            "--tp", f"TP={tp} does not divide the {model.n_heads} attention heads of {model.label}"
+        )
+    if gpus % (tp * pp):
+        raise InputError("--gpus", f"{gpus} GPUs are not divisible by TP x PP = {tp} x {pp} = {tp * pp}")
+    if model.n_layers % pp:
+        raise InputError("--pp", f"PP={pp} does not divide the {model.n_layers} layers of {model.label}")
+    dp = gpus // (tp * pp)
+    if global_batch % (dp * micro_batch):
+        raise InputError(
+            "--global-batch",
+            f"{where}: global batch {global_batch} is not divisible by DP x micro-batch = {dp} x {micro_batch} = {dp * micro_batch}",
+        )
+    m = global_batch // (dp * micro_batch)
+    if interleave > 1:
+        if pp == 1:
+            raise InputError("--interleave", "interleaving (virtual pipeline stages) needs PP > 1")
+        if (model.n_layers // pp) % interleave:
+            raise InputError(
+                "--interleave",
+                f"v={interleave} does not divide the {model.n_layers // pp} layers per pipeline stage",
+            )
+        if m % pp:
+            raise InputError(
+                "--interleave",
+                f"{where}: the interleaved schedule needs micro-batches ({m}) divisible by PP={pp}",
+            )
+    if zero >= 2 and pp > 1:
+        raise InputError(
+            "--zero",
+            f"ZeRO-{zero} cannot be combined with pipeline parallelism (PP={pp}); DeepSpeed and Megatron support ZeRO-1 with PP",
+        )
+    if seq_parallel and tp == 1:
+        raise InputError("--seq-parallel", "sequence parallelism needs TP > 1")
+    return dp
+
+
+def valid_mask(model, st: Strategies) -> np.ndarray:
+    """Vectorised :func:`check_config`: True where a strategy is valid (broadcast shape)."""
+    L = np.asarray(model.n_layers)
+    a = np.asarray(model.n_heads)
+    tp, pp, dp, b, B, v, z = st.tp, st.pp, st.dp, st.micro_batch, st.global_batch, st.interleave, st.zero
+    ok = (a % tp == 0) & (L % pp == 0) & (B % (dp * b) == 0) & (z >= 0) & (z <= 3)
+    m = B // np.maximum(dp * b, 1)
+    ok &= (v == 1) | ((pp > 1) & ((L // pp) % v == 0) & (m % pp == 0))
+    ok &= (z <= 1) | (pp == 1)
+    ok &= ~st.seq_parallel | (tp > 1)
+    return ok

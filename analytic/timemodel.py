@@ -1,0 +1,249 @@
+"""The time and memory model: one vectorised evaluation used by predict, search and validate.
+
+Per micro-batch and pipeline stage (seed 004 for compute, Megatron for TP/PP):
+
+    t_transformer = layer FLOPs / (peak * gemm_efficiency(x))      x = FLOPs per matmul
+                    + element-wise HBM traffic / HBM bandwidth      (formulas.vector_traffic)
+    t_compute     = t_transformer / (k1(x) * k2(x))                 seed 004
+    t_tp          = collectives of b s d per layer (4 all-reduces, or 4 RS + 4 AG with
+                    sequence parallelism; 6 with full recompute), never overlapped
+    t_pp          = 2 v send/recv of b s d / t per micro-batch (scatter/gather)
+
+    iteration     = m * (stage + LM head) + (p - 1) / v * stage      1F1B / interleaved
+                    + exposed DP/ZeRO collectives + optimizer step
+
+The DP/ZeRO collectives run over the stage's parameter shard (see :mod:`analytic.comm`);
+with ``dp_overlap`` they hide under backward (and, for ZeRO-3, forward) compute and
+only the excess is exposed.  Memory per GPU follows ZeRO's 16 bytes/parameter mixed
+precision Adam and Korthikanti et al.'s activations (:mod:`analytic.formulas`).
+Everything broadcasts, so the same code times one strategy or a grid of millions
+(:mod:`analytic.memory` for the memory terms).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from analytic import formulas as F
+from analytic.comm import group_time_s, members_per_node
+from analytic.memory import BYTES_GRAD, activations_bytes, memory_per_gpu
+from analytic.specs import HardwareSpec, ModelColumns, ModelSpec
+from analytic.strategy import Strategies
+from calibrate.calibration import Calibration
+from ingest.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, SENDRECV
+
+ADAM_STEP_BYTES_PER_PARAM = 28.0  # read+write fp32 master, m, v (24) + read grad (2) + write fp16 weight (2)
+VECTOR_PASSES = 5.0  # HBM traversals of the activation bytes by element-wise kernels (formulas)
+
+#: output columns in display order (all per iteration, per GPU unless named otherwise)
+TIME_KEYS = (
+    "kernel_transformer_s", "kernel_other_s", "dispatch_intra_s", "dispatch_inter_s",
+    "tp_s", "pp_s", "dp_allreduce_exposed_s", "dp_allgather_exposed_s", "dp_reducescatter_exposed_s",
+    "bubble_s", "optimizer_s",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class System:
+    """What the model needs about the machine: the calibration plus the hardware spec."""
+
+    cal: Calibration
+    hw: HardwareSpec
+    vector_passes: float = VECTOR_PASSES
+
+    @property
+    def peak_flops(self) -> float:
+        return float(self.cal.peak_tflops or self.hw.peak_tflops) * 1e12
+
+    @property
+    def gpus_per_node(self) -> int:
+        return int(self.cal.gpus_per_node)
+
+
+def dispatch_split(cal: Calibration) -> float:
+    """Intra-op share of dispatch time, from the calibration's per-operator host costs."""
+    intra = cal.dispatch.get("intra_op_s_per_op")
+    inter = cal.dispatch.get("inter_op_s_per_op")
+    if intra is None or inter is None or intra.value + inter.value <= 0:
+        return 0.5
+    return intra.value / (intra.value + inter.value)
+
+
+def stage_params(d, L, s, V, t, p) -> np.ndarray:
+    """Parameters one GPU holds: its stage's layers plus the (tied) embedding, over TP."""
+    return ((L / p) * (12.0 * d * d + 13.0 * d) + (V + s) * d) / t
+
+
+def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) -> dict[str, np.ndarray]:
+    """Seconds of one of each collective the strategies issue (calibration contract only).
+
+    TP: b s d activations in the TP group (ranks adjacent); PP: b s d / t to the next
+    stage (ranks tp * dp apart); DP: the stage's fp16 gradients/parameters in the DP
+    group (ranks tp apart).  Depends only on the layout, so the search evaluates it on
+    the (layouts x 1) slice of its grid and fits reuse it.
+    """
+    cal, gpn = system.cal, system.gpus_per_node
+    d, L, s, V = (
+        np.asarray(x, dtype=float) for x in (model.d_model, model.n_layers, model.seq_len, model.vocab)
+    )
+    t, p, dp, b = (x.astype(float) for x in (st.tp, st.pp, st.dp, st.micro_batch))
+    act_bytes = F.BYTES_PER_VALUE * b * s * d
+    k_tp = members_per_node(t, 1, gpn)
+    k_pp = members_per_node(2, t * dp, gpn)
+    k_dp = members_per_node(dp, t, gpn)
+    grad_bytes = BYTES_GRAD * stage_params(d, L, s, V, t, p)
+    return {
+        "tp_ar_s": group_time_s(cal, ALLREDUCE, act_bytes, t, k_tp),
+        "tp_ag_s": group_time_s(cal, ALLGATHER, act_bytes, t, k_tp),
+        "tp_rs_s": group_time_s(cal, REDUCESCATTER, act_bytes, t, k_tp),
+        "pp_p2p_s": group_time_s(cal, SENDRECV, act_bytes / t, np.where(p > 1, 2.0, 1.0), k_pp),
+        "dp_ar_s": group_time_s(cal, ALLREDUCE, grad_bytes, dp, k_dp),
+        "dp_ag_s": group_time_s(cal, ALLGATHER, grad_bytes, dp, k_dp),
+        "dp_rs_s": group_time_s(cal, REDUCESCATTER, grad_bytes, dp, k_dp),
+        "dp_reduce_s": group_time_s(cal, REDUCE, grad_bytes, dp, k_dp),  # DeepSpeed ZeRO-2 issues reduces
+    }
+
+
+def evaluate(
+    model: ModelSpec | ModelColumns,
+    system: System,
+    st: Strategies,
+    comm: dict[str, np.ndarray] | None = None,
+    lean: bool = False,
+) -> dict[str, np.ndarray]:
+    """Iteration time breakdown, memory and throughput for every strategy in ``st``.
+
+    ``model`` is one ModelSpec or per-strategy ModelColumns (validation tables).
+    ``lean``: only ``iter_s``, ``mem_total_bytes`` and ``oom`` (the search's grid pass).
+    """
+    cal, hw = system.cal, system.hw
+    peak = system.peak_flops
+    d, L, a, s, V = (
+        np.asarray(x, dtype=float)
+        for x in (model.d_model, model.n_layers, model.n_heads, model.seq_len, model.vocab)
+    )
+
+    t = st.tp.astype(float)
+    p = st.pp.astype(float)
+    dp = st.dp.astype(float)
+    b = st.micro_batch.astype(float)
+    v = st.interleave.astype(float)
+    rc = st.recompute
+    sp = st.seq_parallel
+    B = st.global_batch.astype(float)
+    m = B / (dp * b)
+    lps = L / p
+    full = rc == F.FULL
+
+    # ---- compute, per layer and per micro-batch ----------------------------------------
+    f_fwd = F.forward_flops_layer(b, s, d) / t
+    f_train = F.training_flops_layers(b, s, d, 1.0, rc) / t
+    x = f_fwd / 6.0  # mean FLOPs of the six forward matmuls of a layer
+    eff, k1, k2 = cal.gemm_efficiency(x), cal.k1(x), cal.k2(x)
+    vec_bytes = F.vector_traffic_bytes_layer(b, s, d, a, t, sp, rc, st.flash_attention, system.vector_passes)
+    layer_tr = f_train / (peak * eff) + vec_bytes / (hw.hbm_tbps * 1e12)
+    layer_kernel = layer_tr / k2
+    layer_compute = layer_kernel / k1
+
+    f_head = F.lm_head_flops(b, s, d, V) / t
+    x_head = f_head / 3.0
+    eh, k1h, k2h = cal.gemm_efficiency(x_head), cal.k1(x_head), cal.k2(x_head)
+    head_tr = f_head / (peak * eh)
+    head_kernel = head_tr / k2h
+    head_compute = head_kernel / k1h
+
+    # ---- communication (layout-level arrays; cached across fits) -----------------------
+    c = comm if comm is not None else comm_times(model, system, st)
+    n_tp = np.where(full, 6.0, 4.0)
+    tp_layer = n_tp * np.where(sp, c["tp_ag_s"] + c["tp_rs_s"], c["tp_ar_s"])
+    pp_mb = 2.0 * v * c["pp_p2p_s"]
+
+    stage_mb = lps * (layer_compute + tp_layer) + pp_mb
+    pipeline = m * (stage_mb + head_compute) + (p - 1.0) / v * stage_mb
+    bubble = (p - 1.0) / v * stage_mb
+
+    # ---- data parallel / ZeRO over the stage's parameter shard -------------------------
+    params_gpu = stage_params(d, L, s, V, t, p)
+    ar, ag, rs3, rs2 = c["dp_ar_s"], c["dp_ag_s"], c["dp_rs_s"], c["dp_reduce_s"]
+    z = st.zero
+    n_ag_mb = np.where(full, 3.0, 2.0)  # ZeRO-3 gathers per micro-batch
+    dp_ar = np.where(z <= 1, ar, 0.0)
+    dp_ag = np.where(z == 1, ag, 0.0) + np.where(z == 2, ag, 0.0) + np.where(z == 3, m * n_ag_mb * ag, 0.0)
+    dp_rs = np.where(z == 2, m * rs2, 0.0) + np.where(z == 3, m * rs3, 0.0)
+
+    bwd_window = lps * layer_compute * (f_train - f_fwd) / f_train
+    fwd_window = lps * layer_compute * f_fwd / f_train
+    ovl = st.dp_overlap
+    ar_exp = np.where(ovl, np.maximum(0.0, dp_ar - bwd_window), dp_ar)
+    ag_once = np.where((z == 1) | (z == 2), ag, 0.0)  # after the optimizer step: exposed
+    z3_exp = m * (np.maximum(0.0, ag - fwd_window) + np.maximum(0.0, (n_ag_mb - 1.0) * ag + rs3 - bwd_window))
+    z3_ag_share = np.where(z == 3, (n_ag_mb * ag) / np.maximum(n_ag_mb * ag + rs3, 1e-30), 0.0)
+    rs2_exp = m * np.maximum(0.0, rs2 - bwd_window)
+    ag_exp = np.where(ovl, ag_once + np.where(z == 3, z3_exp * z3_ag_share, 0.0), dp_ag)
+    rs_exp = np.where(
+        ovl, np.where(z == 2, rs2_exp, 0.0) + np.where(z == 3, z3_exp * (1.0 - z3_ag_share), 0.0), dp_rs
+    )
+
+    # ---- optimizer step (memory bound) -------------------------------------------------
+    opt_params = params_gpu / np.where(z >= 1, dp, 1.0)
+    optimizer = opt_params * ADAM_STEP_BYTES_PER_PARAM / (hw.hbm_tbps * 1e12)
+
+    iter_s = pipeline + ar_exp + ag_exp + rs_exp + optimizer
+
+    # ---- memory per GPU ----------------------------------------------------------------
+    acts = activations_bytes(b, s, d, a, L, V, t, p, m, v, rc, sp, st.flash_attention)
+    mem = memory_per_gpu(params_gpu, d, t, dp, z, acts, hw.runtime_reserve_gb * 1e9)
+    if lean:
+        return {
+            "iter_s": iter_s,
+            "mem_total_bytes": mem["mem_total_bytes"],
+            "oom": mem["mem_total_bytes"] > hw.hbm_bytes,
+        }
+
+    # ---- breakdown (per iteration) -----------------------------------------------------
+    kernel_tr = m * (lps * layer_tr + head_tr)
+    kernel_all = m * (lps * layer_kernel + head_kernel)
+    compute_all = m * (lps * layer_compute + head_compute)
+    dispatch = compute_all - kernel_all
+    share = dispatch_split(cal)
+    tp_total = m * lps * tp_layer
+    pp_total = m * pp_mb
+    comm_total = tp_total + pp_total + dp_ar + dp_ag + dp_rs
+    comm_exposed = tp_total + pp_total + ar_exp + ag_exp + rs_exp
+
+    # ---- throughput --------------------------------------------------------------------
+    gpus = t * p * dp
+    model_fl = B * (F.training_flops_layers(1.0, s, d, L) + F.lm_head_flops(1.0, s, d, V))
+    hw_fl = B * (F.training_flops_layers(1.0, s, d, L, rc) + F.lm_head_flops(1.0, s, d, V))
+
+    return {
+        "iter_s": iter_s,
+        "kernel_transformer_s": kernel_tr,
+        "kernel_other_s": kernel_all - kernel_tr,
+        "dispatch_intra_s": dispatch * share,
+        "dispatch_inter_s": dispatch * (1.0 - share),
+        "tp_s": tp_total,
+        "pp_s": pp_total,
+        "dp_allreduce_s": dp_ar,
+        "dp_allgather_s": dp_ag,
+        "dp_reducescatter_s": dp_rs,
+        "dp_allreduce_exposed_s": ar_exp,
+        "dp_allgather_exposed_s": ag_exp,
+        "dp_reducescatter_exposed_s": rs_exp,
+        "bubble_s": bubble,
+        "optimizer_s": optimizer,
+        "compute_s": compute_all,
+        "comm_s": comm_total,
+        "comm_exposed_s": comm_exposed,
+        "comm_overlapped_s": comm_total - comm_exposed,
+        **mem,
+        "oom": mem["mem_total_bytes"] > hw.hbm_bytes,
+        "microbatches": m,
+        "tokens_per_s": B * s / iter_s,
+        "model_tflops_per_gpu": model_fl / (iter_s * gpus) / 1e12,
+        "hw_tflops_per_gpu": hw_fl / (iter_s * gpus) / 1e12,
+        "mfu": model_fl / (iter_s * gpus) / peak,
+        "gemm_efficiency": eff,
+    }

@@ -1,0 +1,192 @@
+"""The validation table: a documented CSV schema of measured training runs.
+
+One row per measured configuration.  Columns (units in the names):
+
+=====================  ========  ===========================================================
+column                 required  meaning
+=====================  ========  ===========================================================
+label                  no        row name (default: row number)
+hardware               no*       hardware preset or spec file (* or --hardware/--system)
+d_model, n_layers,     yes       model shape: hidden, layers, heads, sequence, vocabulary
+n_heads, seq_len,
+vocab
+gpus, tp, pp           yes       GPUs, tensor- and pipeline-parallel sizes
+dp                     no        data-parallel size; checked against gpus / (tp * pp)
+micro_batch,           yes       sequences per micro-batch and per iteration
+global_batch
+interleave             no        virtual pipeline stages per GPU (default 1)
+zero                   no        ZeRO stage 0-3 (default 0; FSDP FULL_SHARD = 3)
+recompute              no        none | selective | full (default none)
+seq_parallel           no        true/false (default false)
+dp_overlap             no        DP/ZeRO comm overlapped with compute (default false)
+flash_attention        no        fused attention, no s x s tensors kept (default false)
+measured_iter_s        one of    measured seconds per iteration
+measured_tflops_per_gpu  these   measured TFLOP/s per GPU, counted per ``tflops_convention``
+measured_tokens_per_s_per_gpu    measured tokens/s per GPU
+tflops_convention      with      model (no recompute) | hardware (with recompute) |
+                       tflops    megatron_eq3 (Narayanan et al. eq. 3)
+group                  no        free tag used to pick calibration rows (e.g. full, seqsel)
+source                 no        where the numbers come from
+=====================  ========  ===========================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analytic.formulas import RECOMPUTE_NAMES
+from analytic.specs import ModelColumns
+from ingest.errors import InputError
+
+MEASURES = ("measured_iter_s", "measured_tflops_per_gpu", "measured_tokens_per_s_per_gpu")
+CONVENTIONS = ("model", "hardware", "megatron_eq3")
+INT_REQUIRED = (
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "seq_len",
+    "vocab",
+    "gpus",
+    "tp",
+    "pp",
+    "micro_batch",
+    "global_batch",
+)
+DEFAULTS = {
+    "interleave": 1, "zero": 0, "recompute": "none", "seq_parallel": False, "dp_overlap": False,
+    "flash_attention": False,
+}  # fmt: skip
+_TRUE = {"true", "1", "yes", "y", "t"}
+_FALSE = {"false", "0", "no", "n", "f", ""}
+
+
+def _ints(df: pd.DataFrame, col: str, where: str) -> pd.Series:
+    vals = pd.to_numeric(df[col], errors="coerce")
+    bad = vals.isna() | (vals < 0) | (vals != vals.round())
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise InputError(
+            where, f"row {i + 1}: column '{col}' must be a non-negative integer, got {df[col].iloc[i]!r}"
+        )
+    return vals.astype("int64")
+
+
+def _bools(df: pd.DataFrame, col: str, where: str) -> pd.Series:
+    text = df[col].astype(str).str.strip().str.lower().replace({"nan": "", "none": ""})
+    bad = ~text.isin(_TRUE | _FALSE)
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise InputError(where, f"row {i + 1}: column '{col}' must be true/false, got {df[col].iloc[i]!r}")
+    return text.isin(_TRUE)
+
+
+def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
+    """Check a canonical table and fill defaults; raise InputError naming row and column."""
+    where = str(where)
+    if df.empty:
+        raise InputError(where, "the table has no rows")
+    missing = [c for c in INT_REQUIRED if c not in df.columns]
+    if missing:
+        raise InputError(
+            where, f"missing column(s) {', '.join(missing)} (see `calib validate --help` for the schema)"
+        )
+    out = df.copy()
+    for col, default in DEFAULTS.items():
+        if col not in out.columns:
+            out[col] = default
+        else:
+            out[col] = out[col].where(out[col].notna() & (out[col].astype(str).str.strip() != ""), default)
+    for col in INT_REQUIRED + ("interleave", "zero"):
+        out[col] = _ints(out, col, where)
+    for col in (
+        "d_model",
+        "n_layers",
+        "n_heads",
+        "seq_len",
+        "vocab",
+        "gpus",
+        "tp",
+        "pp",
+        "micro_batch",
+        "global_batch",
+        "interleave",
+    ):
+        if (out[col] < 1).any():
+            i = int(np.flatnonzero((out[col] < 1).to_numpy())[0])
+            raise InputError(where, f"row {i + 1}: column '{col}' must be at least 1")
+    out["recompute"] = out["recompute"].astype(str).str.strip().str.lower()
+    bad = ~out["recompute"].isin(RECOMPUTE_NAMES)
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise InputError(
+            where, f"row {i + 1}: recompute must be none, selective or full, got {df['recompute'].iloc[i]!r}"
+        )
+    for col in ("seq_parallel", "dp_overlap", "flash_attention"):
+        out[col] = _bools(out, col, where)
+    if "dp" in out.columns and out["dp"].notna().any():
+        dp = _ints(out.fillna({"dp": 0}), "dp", where)
+        want = out["gpus"] // (out["tp"] * out["pp"])
+        bad = (dp > 0) & (dp != want)
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise InputError(where, f"row {i + 1}: dp={dp.iloc[i]} but gpus / (tp x pp) = {want.iloc[i]}")
+    present = [c for c in MEASURES if c in out.columns]
+    if not present:
+        raise InputError(where, f"no measured column: give one of {', '.join(MEASURES)}")
+    for c in present:
+        out[c] = pd.to_numeric(out[c], errors="coerce")
+    has = out[present].notna() & (out[present] > 0)
+    if not has.any(axis=1).all():
+        i = int(np.flatnonzero(~has.any(axis=1).to_numpy())[0])
+        raise InputError(where, f"row {i + 1}: no positive measured value in {', '.join(present)}")
+    for c in MEASURES:
+        if c not in out.columns:
+            out[c] = np.nan
+    if out["measured_tflops_per_gpu"].notna().any():
+        conv = out.get("tflops_convention", pd.Series("", index=out.index)).astype(str).str.strip()
+        bad = out["measured_tflops_per_gpu"].notna() & ~conv.isin(CONVENTIONS)
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise InputError(
+                where,
+                f"row {i + 1}: measured_tflops_per_gpu needs tflops_convention in {', '.join(CONVENTIONS)}",
+            )
+        out["tflops_convention"] = conv
+    else:
+        out["tflops_convention"] = ""
+    if "label" not in out.columns:
+        out["label"] = [f"row{i + 1}" for i in range(len(out))]
+    out["label"] = out["label"].astype(str)
+    for col in ("hardware", "group", "source"):
+        if col not in out.columns:
+            out[col] = ""
+        out[col] = out[col].fillna("").astype(str)
+    return out.reset_index(drop=True)
+
+
+def model_columns(df: pd.DataFrame) -> ModelColumns:
+    return ModelColumns(
+        *(df[c].to_numpy(dtype=float) for c in ("d_model", "n_layers", "n_heads", "seq_len", "vocab"))
+    )
+
+
+def read_table(path: str | Path, fmt: str = "auto") -> tuple[pd.DataFrame, str]:
+    """Read a canonical table or one of the published tables; return (table, format name)."""
+    from analytic import published
+
+    path = Path(path)
+    try:
+        raw = pd.read_csv(path)
+    except FileNotFoundError:
+        raise InputError(path, "no such file") from None
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise InputError(
+            path, f"unreadable CSV: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
+    name = published.detect(raw) if fmt == "auto" else fmt
+    if name != "canonical":
+        raw = published.adapt(name, raw, path)
+    return normalise(raw, path), name

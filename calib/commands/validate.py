@@ -1,0 +1,110 @@
+"""``calib validate``: the model against a measured table, with held-out errors."""
+
+from __future__ import annotations
+
+import click
+
+from calib.commands.predict import machine_options
+from ingest.errors import InputError
+
+SCHEMA_HELP = """\b
+Table (CSV): the validation schema, or one of the published tables (detected by header):
+  sc21 (Megatron SC21 Table 1), korthikanti (Korthikanti 2022 Table 5),
+  megatron2020 (Megatron-LM README 2020 TP/DP table), mosaicml (llm-foundry FSDP).
+Schema columns (units in names): label, hardware, d_model, n_layers, n_heads, seq_len,
+vocab, gpus, tp, pp, [dp], micro_batch, global_batch, [interleave], [zero 0-3],
+[recompute none|selective|full], [seq_parallel], [dp_overlap], [flash_attention],
+one of measured_iter_s | measured_tflops_per_gpu (+ tflops_convention
+model|hardware|megatron_eq3) | measured_tokens_per_s_per_gpu, [group], [source].
+Full description: docs/analytic.md.
+
+\b
+Machine: the table's hardware column (presets with stated default efficiencies), or
+--system/--calibration/--hardware for every row.
+"""
+
+
+@click.command(
+    epilog=SCHEMA_HELP,
+    help="""Predict every row of a measured table and report per-row and summary errors.
+
+\b
+The compute-efficiency parameters the tables can identify (GEMM efficiency y_max and
+the element-wise traffic factor; --fit) are fitted by least squares on a stated subset
+and errors are reported on the other rows only:
+  --calibrate-on ROWS   1-based rows, ranges (3-5), labels or group tags, e.g. 1,4,7,10 or full
+  --holdout FRACTION    a seeded random fraction held out
+  --loo                 leave-one-out: each row predicted by a fit to all the others (default)
+  --fit none            the calibration as given, every row held out
+Errors are predicted/measured - 1 of the measured quantity (s, TFLOP/s or tokens/s), in %;
+the summary gives the median, mean and max absolute error over held-out rows.
+
+\b
+Example:
+  calib validate fixtures/published/megatron_sc21_table1_weak_scaling.csv --calibrate-on 1,4,7,10
+""",
+)
+@click.argument("table", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["auto", "canonical", "sc21", "korthikanti", "megatron2020", "mosaicml"]),
+              default="auto", show_default=True, help="Table format.")  # fmt: skip
+@click.option(
+    "--calibrate-on", help="Rows to fit on (numbers, ranges, labels or group tags, comma separated)."
+)
+@click.option("--holdout", type=float, help="Fraction of rows to hold out at random (the rest are fitted).")
+@click.option("--loo", is_flag=True, help="Leave-one-out cross-validation (the default split).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of --holdout.")
+@click.option("--fit", "fit_kind", type=click.Choice(["compute", "gemm", "ymax", "none"]), default="compute", show_default=True,
+              help="compute: GEMM y_max + element-wise traffic; gemm: y_max + x_half; ymax: y_max only; none: no fit.")  # fmt: skip
+@machine_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the per-row results as CSV.")
+@click.option(
+    "-o", "--out", type=click.Path(dir_okay=False), help="Write the output to this file (atomically)."
+)
+def validate(
+    table,
+    fmt,
+    calibrate_on,
+    holdout,
+    loo,
+    seed,
+    fit_kind,
+    system,
+    calibration,
+    hardware,
+    store,
+    as_json,
+    as_csv,
+    out,
+):
+    from analytic import output
+    from analytic.source import resolve_system
+    from analytic.validate import validate as run_validate
+    from analytic.vtable import read_table
+
+    if as_json and as_csv:
+        raise InputError("--json", "give either --json or --csv")
+    df, name = read_table(table, fmt)
+    base = (
+        resolve_system(system, calibration, hardware, store)[0]
+        if (system or calibration or hardware)
+        else None
+    )
+    res = run_validate(df, str(table), base, calibrate_on, holdout, loo, fit_kind, seed)
+    info = {
+        "table": str(table),
+        "format": name,
+        "rows": len(df),
+        "split": res.split,
+        "fit": res.params,
+        "summary": res.summary,
+    }
+    if as_json:
+        text = output.dumps({**info, "per_row": output.records(res.rows)})
+    elif as_csv:
+        text = res.rows.to_csv(index=False)
+    else:
+        text = output.validate_text(info, res.rows)
+    text = output.emit(text, out)
+    if text is not None:
+        click.echo(text, nl=False)
