@@ -238,3 +238,23 @@ def test_recipe_code_compiles(capsys: pytest.CaptureFixture[str]) -> None:
         compile(run_cli(["capture", "recipe", "--framework", fw], capsys)[1], f"<recipe {fw}>", "exec")
     code, _, err = run_cli(["capture", "recipe", "--framework", "jax"], capsys)
     assert code == 2 and err.startswith("calib: --framework: 'jax' has no recipe")
+
+
+def test_check_warns_about_absent_ranks_and_refuses_a_wrong_world_size(tmp_path: Path) -> None:
+    half = tmp_path / "half"
+    half.mkdir()
+    shutil.copy(DDP / trace_name(1), half / trace_name(1))
+    shutil.copy(DDP / "run_config.json", half / "run_config.json")
+    report = check_run(half)
+    assert report.ready  # usable: the buckets of rank 1 are still right
+    assert [f.message for f in report.findings if f.level == "warn"] == [
+        "1 of 2 ranks have no trace ([0]); per-rank buckets and imbalance cover only the ranks present"
+    ]
+    cfg = json.loads((DDP / "run_config.json").read_text())
+    (half / "run_config.json").write_text(json.dumps({**cfg, "world_size": 4}))
+    report = check_run(half)
+    assert not report.ready
+    assert any(
+        f.level == "error" and "world_size 4 does not match the traces' [2]" in f.message
+        for f in report.findings
+    )

@@ -89,7 +89,7 @@ def format_report(report) -> str:  # noqa: ANN001 - CheckReport, imported lazily
         fw = cfg.get("framework") or {}
         lines.append(
             f"run_config: world size {cfg.get('world_size')}, framework {fw.get('name')} "
-            f"(ZeRO {fw.get('zero_stage')}), model {shape}"
+            f"(ZeRO {'-' if fw.get('zero_stage') is None else fw.get('zero_stage')}), model {shape}"
         )
     for f in report.findings:
         lines.append(f"{f.level.upper():8s} {f.where}: {f.message}")

@@ -234,7 +234,7 @@ def _check_set(traces: list[TraceSummary], config: dict[str, Any] | None, add: A
             run_dir / RUN_CONFIG_NAME,
             f"world_size {config.get('world_size')} does not match the traces' {sorted(worlds)}",
         )
-    if world and len(traces) > 1 or (world or 0) > 1:
+    if (world or 0) > 1:
         absent = sorted(set(range(world or 0)) - set(ranks))
         if absent:
             shown = absent if len(absent) <= 8 else [*absent[:8], "..."]
