@@ -49,30 +49,38 @@ class Space:
     flash_attention: bool = False
 
 
-def layouts(model: ModelSpec, gpus: int, global_batch: int, space: Space = Space()) -> dict[str, np.ndarray]:
-    """Every valid (t, p, d, b, v), as 1-D int arrays of equal length."""
-    N, B, L, a = gpus, global_batch, model.n_layers, model.n_heads
-    dN = divisors(N)
-    t = dN[(a % dN == 0) & (dN <= (space.max_tp or N))]
-    T, P = np.meshgrid(t, dN, indexing="ij")
-    ok = (N % (T * P) == 0) & (L % P == 0)
-    T, P = T[ok], P[ok]
-    D = N // (T * P)
-    ok = B % D == 0
-    T, P, D = T[ok], P[ok], D[ok]
+def layouts(
+    model: ModelSpec, gpus: int | Sequence[int], global_batch: int, space: Space = Space()
+) -> dict[str, np.ndarray]:
+    """Every valid (t, p, d, b, v) for every GPU count, as 1-D int arrays (N-major order).
+
+    Candidates: t among the divisors of the heads, p of the layers, b of the batch, v of
+    the layers; one broadcast mask per step keeps those that divide what they must.
+    """
+    N = np.atleast_1d(np.asarray(gpus, dtype=np.int64))
+    B, L, a = int(global_batch), model.n_layers, model.n_heads
+    td = divisors(a)
+    td = td[td <= (space.max_tp or td.max())]
+    pdv = divisors(L)
+    n3, t3, p3 = np.meshgrid(N, td, pdv, indexing="ij")
+    ok = n3 % (t3 * p3) == 0
+    n1, t1, p1 = n3[ok], t3[ok], p3[ok]
+    d1 = n1 // (t1 * p1)
+    ok = B % d1 == 0
+    n1, t1, p1, d1 = n1[ok], t1[ok], p1[ok], d1[ok]
     bd = divisors(B)
-    idx, bb = np.meshgrid(np.arange(T.size), bd, indexing="ij")
-    idx, bb = idx.ravel(), bb.ravel()
-    ok = (B // D[idx]) % bb == 0
-    idx, bb = idx[ok], bb[ok]
-    m = B // (D[idx] * bb)
+    ok = (B // d1)[:, None] % bd[None, :] == 0
+    i, jb = np.nonzero(ok)
+    bb = bd[jb]
+    m = B // (d1[i] * bb)
     vd = divisors(L) if space.interleave else np.array([1])
-    j, vv = np.meshgrid(np.arange(idx.size), vd, indexing="ij")
-    j, vv = j.ravel(), vv.ravel()
-    p = P[idx][j]
-    ok = (vv == 1) | ((p > 1) & ((L // p) % vv == 0) & (m[j] % p == 0))
-    j, vv = j[ok], vv[ok]
-    return {"tp": T[idx][j], "pp": P[idx][j], "dp": D[idx][j], "micro_batch": bb[j], "interleave": vv}
+    p_i = p1[i]
+    ok = (vd[None, :] == 1) | (
+        (p_i[:, None] > 1) & ((L // p_i)[:, None] % vd[None, :] == 0) & ((m % p_i)[:, None] == 0)
+    )
+    k, jv = np.nonzero(ok)
+    sel = i[k]
+    return {"tp": t1[sel], "pp": p1[sel], "dp": d1[sel], "micro_batch": bb[k], "interleave": vd[jv]}
 
 
 #: option axes of the search grid, after the layout axis 0
@@ -143,7 +151,7 @@ def search(
     """
     t0 = time.perf_counter()
     gpus = [gpus] if isinstance(gpus, (int, np.integer)) else sorted(set(int(g) for g in gpus))
-    lay = enumerate_layouts(model, gpus, global_batch, space)
+    lay = layouts(model, gpus, global_batch, space)
     opt = options(space)
     n_opt = int(np.prod([opt[k].size for k in OPTION_AXES]))
     step = max(1, CHUNK_STRATEGIES // max(n_opt, 1))
@@ -152,24 +160,28 @@ def search(
     n_valid = n_fit = 0
     for lo in range(0, lay["tp"].size, step):  # chunks of layouts, not strategies
         sl = {k: v[lo : lo + step] for k, v in lay.items()}
-        grid = (sl["tp"].size, *(opt[k].size for k in OPTION_AXES))
-        mask = np.broadcast_to(option_mask(sl, opt), grid)
+        n_lay = sl["tp"].size
+        grid = (n_lay, *(opt[k].size for k in OPTION_AXES))
+        mask = option_mask(sl, opt)
         r = evaluate(model, system, _strategies(sl, opt, global_batch, space), lean=True)
-        it = np.broadcast_to(r["iter_s"], grid).ravel()
-        feasible = (mask & ~np.broadcast_to(r["oom"], grid)).ravel()
-        n_valid += int(np.count_nonzero(mask))
-        n_fit += int(np.count_nonzero(feasible))
-        cand = np.flatnonzero(feasible)
-        if cand.size == 0:
+        score = np.where(mask & ~r["oom"], r["iter_s"], np.inf)
+        score = np.broadcast_to(score, grid).reshape(n_lay, -1)
+        n_valid += int(np.count_nonzero(np.broadcast_to(mask, grid)))
+        n_fit += int(np.count_nonzero(np.isfinite(score)))
+        flat = score.ravel()
+        k = min(keep, flat.size)
+        best = np.argpartition(flat, k - 1)[:k]
+        best = best[np.isfinite(flat[best])]
+        # the best strategy of every GPU count: per-layout minimum, then per count
+        opt_best = score.argmin(axis=1)
+        lay_best = score[np.arange(n_lay), opt_best]
+        n_of = sl["tp"] * sl["pp"] * sl["dp"]
+        order = np.lexsort((lay_best, n_of))
+        first = order[np.r_[True, np.diff(n_of[order]) != 0]]
+        first = first[np.isfinite(lay_best[first])]
+        pick = np.unique(np.concatenate([best, first * score.shape[1] + opt_best[first]]))
+        if pick.size == 0:
             continue
-        score = np.where(feasible, it, np.inf)
-        # the best `keep` overall, plus the best of every GPU count in this chunk
-        k = min(keep, cand.size)
-        best = cand[np.argpartition(score[cand], k - 1)[:k]]
-        n_of = np.broadcast_to(_col(sl["tp"] * sl["pp"] * sl["dp"]), grid).ravel()
-        order = np.lexsort((score[cand], n_of[cand]))
-        first = cand[order][np.r_[True, np.diff(n_of[cand][order]) != 0]]
-        pick = np.unique(np.concatenate([best, first]))
         idx = np.unravel_index(pick, grid)
         picks.append(
             {
@@ -183,7 +195,7 @@ def search(
     cand = {k: np.concatenate([p[k] for p in picks]) for k in picks[0]}
     table = detail(model, system, cand, global_batch, space)
     table = table.sort_values(["iter_s", "mem_total_gb"], kind="stable").reset_index(drop=True)
-    per_gpus = table.groupby("gpus", sort=True).head(1).reset_index(drop=True)
+    per_gpus = table.groupby("gpus", sort=True).head(1).sort_values("gpus").reset_index(drop=True)
     ranked = table.head(top).reset_index(drop=True)
     ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
     return SearchResult(ranked, per_gpus, n_valid, n_fit, time.perf_counter() - t0)

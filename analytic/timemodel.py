@@ -29,6 +29,7 @@ import numpy as np
 from analytic import formulas as F
 from analytic.comm import group_time_s, members_per_node
 from analytic.memory import BYTES_GRAD, activations_bytes, memory_per_gpu
+from analytic.pipeline import pipeline_time_s
 from analytic.specs import HardwareSpec, ModelColumns, ModelSpec
 from analytic.strategy import Strategies
 from calibrate.calibration import Calibration
@@ -161,8 +162,7 @@ def evaluate(
     pp_mb = 2.0 * v * c["pp_p2p_s"]
 
     stage_mb = lps * (layer_compute + tp_layer) + pp_mb
-    pipeline = m * (stage_mb + head_compute) + (p - 1.0) / v * stage_mb
-    bubble = (p - 1.0) / v * stage_mb
+    pipeline, bubble = pipeline_time_s(stage_mb, head_compute, p, m, v)
 
     # ---- data parallel / ZeRO over the stage's parameter shard -------------------------
     params_gpu = stage_params(d, L, s, V, t, p)
@@ -176,21 +176,18 @@ def evaluate(
     bwd_window = lps * layer_compute * (f_train - f_fwd) / f_train
     fwd_window = lps * layer_compute * f_fwd / f_train
     ovl = st.dp_overlap
-    ar_exp = np.where(ovl, np.maximum(0.0, dp_ar - bwd_window), dp_ar)
-    ag_once = np.where((z == 1) | (z == 2), ag, 0.0)  # after the optimizer step: exposed
     z3_exp = m * (np.maximum(0.0, ag - fwd_window) + np.maximum(0.0, (n_ag_mb - 1.0) * ag + rs3 - bwd_window))
-    z3_ag_share = np.where(z == 3, (n_ag_mb * ag) / np.maximum(n_ag_mb * ag + rs3, 1e-30), 0.0)
-    rs2_exp = m * np.maximum(0.0, rs2 - bwd_window)
-    ag_exp = np.where(ovl, ag_once + np.where(z == 3, z3_exp * z3_ag_share, 0.0), dp_ag)
-    rs_exp = np.where(
-        ovl, np.where(z == 2, rs2_exp, 0.0) + np.where(z == 3, z3_exp * (1.0 - z3_ag_share), 0.0), dp_rs
-    )
+    ar_hidden = np.maximum(0.0, ar - bwd_window)  # ZeRO-0/1 all-reduce under the last backward
+    rs2_exp = m * np.maximum(0.0, rs2 - bwd_window)  # ZeRO-2 reduces under each backward
+    # exposed DP time with overlap, per stage (the all-gather after the step never hides)
+    ovl_total = np.select([z == 0, z == 1, z == 2], [ar_hidden, ar_hidden + ag, ag + rs2_exp], z3_exp)
+    dp_exposed = np.where(ovl, ovl_total, dp_ar + dp_ag + dp_rs)
 
     # ---- optimizer step (memory bound) -------------------------------------------------
     opt_params = params_gpu / np.where(z >= 1, dp, 1.0)
     optimizer = opt_params * ADAM_STEP_BYTES_PER_PARAM / (hw.hbm_tbps * 1e12)
 
-    iter_s = pipeline + ar_exp + ag_exp + rs_exp + optimizer
+    iter_s = (pipeline + optimizer) + dp_exposed
 
     # ---- memory per GPU ----------------------------------------------------------------
     acts = activations_bytes(b, s, d, a, L, V, t, p, m, v, rc, sp, st.flash_attention)
@@ -203,6 +200,14 @@ def evaluate(
         }
 
     # ---- breakdown (per iteration) -----------------------------------------------------
+    z3_ag_share = np.where(z == 3, (n_ag_mb * ag) / np.maximum(n_ag_mb * ag + rs3, 1e-30), 0.0)
+    ar_exp = np.where(ovl, np.where(z <= 1, ar_hidden, 0.0), dp_ar)
+    ag_exp = np.where(
+        ovl, np.where((z == 1) | (z == 2), ag, 0.0) + np.where(z == 3, z3_exp * z3_ag_share, 0.0), dp_ag
+    )
+    rs_exp = np.where(
+        ovl, np.where(z == 2, rs2_exp, 0.0) + np.where(z == 3, z3_exp * (1.0 - z3_ag_share), 0.0), dp_rs
+    )
     kernel_tr = m * (lps * layer_tr + head_tr)
     kernel_all = m * (lps * layer_kernel + head_kernel)
     compute_all = m * (lps * layer_compute + head_compute)

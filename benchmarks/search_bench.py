@@ -1,0 +1,113 @@
+"""Strategy-search throughput: calib's vectorised search against two peers.
+
+Workloads (GPT-3 175B, global batch 1536, DGX A100 80GB spec with stated defaults):
+  1. every valid strategy on 4096 GPUs (the Calculon study-2 problem);
+  2. a system-size sweep, every GPU count 8..4096 in steps of 8 (Calculon study 3).
+
+Peers:
+  * a plain per-strategy Python loop over the *same* model (analytic.timemodel.evaluate
+    called with one strategy at a time), run here on a sample of workload 1, whose
+    results must equal the vectorised ones;
+  * Calculon: about 400 strategies/s per core -- quoted from issue 4 / seed 000
+    (Calculon evaluates the 1,974,902 strategies of GPT-3 175B on 4096 GPUs in hours),
+    NOT measured here.
+
+Run:  python benchmarks/search_bench.py [--repeat 5] [--loop-sample 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+from analytic.search import OPTION_AXES, layouts, option_mask, options, search
+from analytic.source import default_calibration
+from analytic.specs import load_hardware, load_model
+from analytic.strategy import Strategies
+from analytic.timemodel import System, evaluate
+
+CALCULON_PER_CORE = 400.0  # strategies/s/core, quoted (issue 4, seed 000), not measured
+
+
+def valid_strategies(model, gpus, B, space=None):
+    """The valid strategies of the search grid as 1-D arrays (for the per-strategy loop)."""
+    from analytic.search import Space
+
+    space = space or Space()
+    lay = layouts(model, gpus, B, space)
+    opt = options(space)
+    grid = (lay["tp"].size, *(opt[k].size for k in OPTION_AXES))
+    idx = np.nonzero(np.broadcast_to(option_mask(lay, opt), grid))
+    cols = {k: v[idx[0]] for k, v in lay.items()}
+    cols.update({k: opt[k].ravel()[idx[a]] for a, k in enumerate(OPTION_AXES, start=1)})
+    return cols
+
+
+def timed_search(model, system, gpus, B, repeat):
+    runs = [search(model, system, gpus, B, top=10) for _ in range(repeat)]
+    rates = [r.rate for r in runs]
+    return runs[0], statistics.median(rates), max(rates)
+
+
+def loop_peer(model, system, B, cols, sample):
+    """Evaluate ``sample`` strategies one at a time (same model); check against vectorised."""
+    n = min(sample, cols["tp"].size)
+    pick = np.linspace(0, cols["tp"].size - 1, n).astype(int)
+    sub = {k: v[pick] for k, v in cols.items()}
+    vec = evaluate(model, system, Strategies.of(**sub, global_batch=B), lean=True)["iter_s"]
+    out = np.empty(n)
+    t0 = time.perf_counter()
+    for i in range(n):  # the peer: one strategy per call
+        st = Strategies.of(**{k: v[i : i + 1] for k, v in sub.items()}, global_batch=B)
+        out[i] = evaluate(model, system, st, lean=True)["iter_s"][0]
+    secs = time.perf_counter() - t0
+    return n / secs, float(np.max(np.abs(out / vec - 1.0)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--loop-sample", type=int, default=2000)
+    args = ap.parse_args()
+
+    model = load_model("gpt3-175b")
+    hw = load_hardware("dgx-a100-80gb")
+    system = System(default_calibration(hw), hw)
+    B = 1536
+    cores = os.cpu_count() or 1
+    print(
+        f"machine: {cores} CPU cores; numpy {np.__version__}; model {model.name}, B={B}, hardware {hw.name}"
+    )
+
+    res1, med1, best1 = timed_search(model, system, 4096, B, args.repeat)
+    print(f"[1] 4096 GPUs: {res1.n_strategies:,} valid strategies ({res1.n_feasible:,} fit), "
+          f"{res1.n_strategies / med1:.3f} s, median {med1:,.0f} strategies/s (best {best1:,.0f})")  # fmt: skip
+    sweep = list(range(8, 4097, 8))
+    res2, med2, best2 = timed_search(model, system, sweep, B, max(1, args.repeat // 2))
+    print(f"[2] sweep 8..4096 step 8 ({len(sweep)} GPU counts): {res2.n_strategies:,} valid strategies "
+          f"({res2.n_feasible:,} fit), {res2.n_strategies / med2:.3f} s, median {med2:,.0f} strategies/s (best {best2:,.0f})")  # fmt: skip
+
+    cols = valid_strategies(model, [4096], B)
+    loop_rate, max_diff = loop_peer(model, system, B, cols, args.loop_sample)
+    print(f"peer: per-strategy Python loop, same model, {min(args.loop_sample, cols['tp'].size):,} strategies of [1]: "
+          f"{loop_rate:,.0f} strategies/s (max |loop/vectorised - 1| = {max_diff:.1e})")  # fmt: skip
+    calculon = CALCULON_PER_CORE * cores
+    print(f"peer: Calculon ~{CALCULON_PER_CORE:.0f} strategies/s/core x {cores} cores = {calculon:,.0f} strategies/s "
+          "(quoted from issue 4 / seed 000, not measured here)")  # fmt: skip
+    for name, rate in (("[1] 4096 GPUs", med1), ("[2] sweep", med2)):
+        print(
+            f"ratio {name}: {rate / loop_rate:,.0f}x the per-strategy loop, {rate / calculon:,.0f}x Calculon (quoted)"
+        )
+    full = 1_974_902
+    print(
+        f"at the sweep rate, Calculon's 1,974,902-strategy problem size would take {full / med2:.2f} s here "
+        f"(Calculon, quoted rate: {full / calculon / 3600:.2f} h on {cores} cores)"
+    )
+
+
+if __name__ == "__main__":
+    main()
