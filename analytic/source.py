@@ -5,9 +5,11 @@
   matches the calibration's, or ``--hardware``.
 * ``--hardware SPEC`` alone: ``Calibration.defaults`` from the spec; every efficiency is a
   stated default and the output says so.
-* both, on different hardware: the calibration is *transferred* -- its fitted shapes
-  (GEMM efficiency, k1, k2, dispatch, eff_{g->n}) are kept, peak and link bandwidths
-  come from the new spec, and measured bus bandwidths keep their measured/nominal ratio.
+* both, on different hardware: the calibration is *transferred* -- its fitted compute
+  shapes (GEMM efficiency, k1, k2, dispatch) are kept; peak, link bandwidths and the
+  eff_{g->n} scaling come from the new spec's defaults, with each bus bandwidth keeping
+  the measured/nominal ratio of the traced system (a network's per-step latency is a
+  property of that network and is not carried over).
 """
 
 from __future__ import annotations
@@ -66,14 +68,10 @@ def transfer(cal: Calibration, target: HardwareSpec, source: HardwareSpec | None
                 source=f"transferred from {cal.system}",
             )
         )
-    network = {
-        k: replace(ns, g_gpus=2 * target.gpus_per_node) for k, ns in cal.network.items()
-    } or base.network
     return replace(
         base,
         system=f"{cal.system}->{target.name}",
         collectives=tuple(curves),
-        network=network,
         gemm_efficiency_curve=cal.gemm_efficiency_curve or base.gemm_efficiency_curve,
         k1_curve=cal.k1_curve or base.k1_curve,
         k2_curve=cal.k2_curve or base.k2_curve,
@@ -120,7 +118,7 @@ def resolve_system(
     else:
         path = Path(calibration)
     cal = Calibration.load(path)
-    own = hardware_for_device(cal.device)
+    own = hardware_for_device(cal.device, cal.gpus_per_node)
     notes.append(f"calibration {path} (system {cal.system})")
     if hw is None:
         if own is None:
@@ -129,7 +127,7 @@ def resolve_system(
                 f"calibration device '{cal.device}' matches no hardware preset; add --hardware SPEC for HBM size and bandwidth",
             )
         hw = own
-    elif own is None or own.name != hw.name or cal.gpus_per_node != hw.gpus_per_node:
+    elif own is None or own.device != hw.device or cal.gpus_per_node != hw.gpus_per_node:
         cal = transfer(cal, hw, own)
         notes.append(
             f"transferred to hardware spec '{hw.name}': fitted efficiencies kept, peak and bandwidths from the spec"

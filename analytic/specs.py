@@ -231,13 +231,19 @@ def load_hardware(name_or_file: str) -> HardwareSpec:
     )
 
 
-def hardware_for_device(device: str | None) -> HardwareSpec | None:
-    """The first preset whose device string matches a calibration's ``device``, if any."""
+def hardware_for_device(device: str | None, gpus_per_node: int | None = None) -> HardwareSpec | None:
+    """The preset whose device matches a calibration's ``device`` (and GPUs per node, if given)."""
     if not device:
         return None
-    want = "".join(ch for ch in device.lower() if ch.isalnum())
-    for spec in _hardware_presets()[0].values():
-        have = "".join(ch for ch in spec.device.lower() if ch.isalnum())
-        if want == have or want in have or have in want:
-            return spec
-    return None
+
+    def key(text: str) -> str:
+        return "".join(ch for ch in text.lower() if ch.isalnum())
+
+    want = key(device)
+    found = [
+        h
+        for h in _hardware_presets()[0].values()
+        if want == key(h.device) or want in key(h.device) or key(h.device) in want
+    ]
+    same_node = [h for h in found if gpus_per_node is None or h.gpus_per_node == gpus_per_node]
+    return (same_node or found or [None])[0]

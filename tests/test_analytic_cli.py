@@ -127,6 +127,9 @@ def test_predict_out_file_is_atomic(tmp_path):
         (["--seq-parallel"], "--seq-parallel", "needs TP > 1"),
         (["--interleave", "2"], "--interleave", "needs PP > 1"),
         (["--gpus", "8,x"], "--gpus", "comma-separated integers"),
+        (["--zero", "4"], "--zero", "must be 0..3"),
+        (["--tp", "two"], "--tp", "expected an integer"),
+        (["--recompute", "some"], "--recompute", "not one of none, selective, full"),
     ],
 )
 def test_predict_bad_strategy(args, where, words):
@@ -218,6 +221,8 @@ def test_validate_bad_tables(tmp_path):
     "argv",
     [
         ["predict", "--hardware", "tg80", "--model", "gpt-13b", "--gpus", "8", "--tp", "3"],
+        ["predict", "--hardware", "tg80", "--model", "gpt-13b", "--zero", "9"],
+        ["predict", "--hardware", "tg80", "--model", "gpt-13b"],
         ["search", "--model", "nope", "--gpus", "8", "--hardware", "tg80"],
         ["validate", "README.md"],
     ],

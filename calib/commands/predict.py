@@ -16,12 +16,73 @@ Machine (one of):
 """
 
 
+class Int(click.ParamType):
+    """An integer option whose bad values are one-line InputErrors (exit 2), not usage dumps."""
+
+    name = "integer"
+
+    def __init__(self, lo: int | None = None, hi: int | None = None) -> None:
+        self.lo, self.hi = lo, hi
+
+    def convert(self, value, param, ctx):
+        opt = f"--{param.name.replace('_', '-')}" if param else "option"
+        try:
+            v = int(value)
+        except (TypeError, ValueError):
+            raise InputError(opt, f"expected an integer, got '{value}'") from None
+        if (self.lo is not None and v < self.lo) or (self.hi is not None and v > self.hi):
+            rng = f"{self.lo}..{self.hi}" if self.hi is not None else f">= {self.lo}"
+            raise InputError(opt, f"must be {rng}, got {v}")
+        return v
+
+
+class Fraction(click.ParamType):
+    """A number strictly between 0 and 1, with one-line errors."""
+
+    name = "fraction"
+
+    def convert(self, value, param, ctx):
+        opt = f"--{param.name.replace('_', '-')}" if param else "option"
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise InputError(opt, f"expected a fraction like 0.3, got '{value}'") from None
+        if not 0 < v < 1:
+            raise InputError(opt, f"fraction must be in (0, 1), got {v}")
+        return v
+
+
+class Choice(click.ParamType):
+    """A choice option whose bad values are one-line InputErrors."""
+
+    name = "choice"
+
+    def __init__(self, choices: tuple[str, ...]) -> None:
+        self.choices = choices
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "[" + "|".join(self.choices) + "]"
+
+    def convert(self, value, param, ctx):
+        if value not in self.choices:
+            opt = f"--{param.name.replace('_', '-')}" if param else "option"
+            raise InputError(opt, f"'{value}' is not one of {', '.join(self.choices)}")
+        return value
+
+
+def require(value, option: str):
+    """Required options checked here, so a missing one is one line (click's own is a usage dump)."""
+    if value is None:
+        raise InputError(option, "is required (see --help)")
+    return value
+
+
 def machine_options(f):
     """The options that say which machine to model (shared by predict, search, validate)."""
     for opt in reversed(
         [
             click.option("--system", help="System name whose fitted calibration to use (see `calib fit`)."),
-            click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON file."),
+            click.option("--calibration", metavar="FILE", help="Calibration JSON file."),
             click.option(
                 "--hardware",
                 help="Hardware preset (polaris, perlmutter, tg40, tg80, dgx-a100-80gb/selene, dgx-h100, h200, "
@@ -29,7 +90,7 @@ def machine_options(f):
             ),
             click.option(
                 "--store",
-                type=click.Path(file_okay=False),
+                metavar="DIR",
                 help="Store directory (default ./calib-store or $CALIB_STORE).",
             ),
         ]
@@ -48,15 +109,15 @@ def model_options(f):
                 help="Model preset (e.g. gpt3-175b, megatron-1t, gpt-13b) or YAML/JSON file.",
             ),
             click.option(
-                "--d", "d_model", type=int, help="Hidden size d (with --l --a --s; instead of --model)."
+                "--d", "d_model", type=Int(1), help="Hidden size d (with --l --a --s; instead of --model)."
             ),
-            click.option("--l", "n_layers", type=int, help="Number of layers l."),
-            click.option("--a", "n_heads", type=int, help="Attention heads a."),
+            click.option("--l", "n_layers", type=Int(1), help="Number of layers l."),
+            click.option("--a", "n_heads", type=Int(1), help="Attention heads a."),
             click.option(
-                "--s", "seq_len", type=int, help="Sequence length s (tokens); overrides the preset's."
+                "--s", "seq_len", type=Int(1), help="Sequence length s (tokens); overrides the preset's."
             ),
             click.option(
-                "--V", "vocab", type=int, help="Vocabulary size V (default 51200); overrides the preset's."
+                "--V", "vocab", type=Int(1), help="Vocabulary size V (default 51200); overrides the preset's."
             ),
         ]
     ):
@@ -116,22 +177,24 @@ Example:
 )
 @machine_options
 @model_options
-@click.option("--gpus", required=True, help="Comma-separated GPU counts, e.g. 8,16,32,64.")
+@click.option("--gpus", help="Comma-separated GPU counts, e.g. 8,16,32,64 (required).")
+@click.option("--zero", type=Int(0, 3), default=0, show_default=True, help="ZeRO stage 0-3 (0 = plain DDP).")
+@click.option("--tp", type=Int(1), default=1, show_default=True, help="Tensor-parallel size.")
+@click.option("--pp", type=Int(1), default=1, show_default=True, help="Pipeline-parallel size.")
 @click.option(
-    "--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage (0 = plain DDP)."
+    "--interleave", type=Int(1), default=1, show_default=True, help="Virtual pipeline stages per GPU (v)."
 )
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size.")
-@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel size.")
 @click.option(
-    "--interleave", type=int, default=1, show_default=True, help="Virtual pipeline stages per GPU (v)."
+    "--micro-batch", type=Int(1), default=1, show_default=True, help="Sequences per micro-batch (b)."
 )
-@click.option("--micro-batch", type=int, default=1, show_default=True, help="Sequences per micro-batch (b).")
 @click.option(
-    "--global-batch", type=int, help="Sequences per iteration (B); default micro-batch x DP (weak scaling)."
+    "--global-batch",
+    type=Int(1),
+    help="Sequences per iteration (B); default micro-batch x DP (weak scaling).",
 )
 @click.option(
     "--recompute",
-    type=click.Choice(["none", "selective", "full"]),
+    type=Choice(("none", "selective", "full")),
     default="none",
     show_default=True,
     help="Activation recomputation.",
@@ -152,7 +215,7 @@ Example:
 @click.option(
     "-o",
     "--out",
-    type=click.Path(dir_okay=False),
+    metavar="FILE",
     help="Write the output to this file (atomically) instead of stdout.",
 )
 def predict(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus, zero,
@@ -171,7 +234,7 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
     plan = Plan(tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, global_batch=global_batch,
                 recompute=recompute_code(recompute), seq_parallel=seq_parallel, interleave=interleave,
                 dp_overlap=dp_overlap, flash_attention=flash_attention)  # fmt: skip
-    result = run_predict(model, machine, parse_gpus(gpus), plan)
+    result = run_predict(model, machine, parse_gpus(require(gpus, "--gpus")), plan)
     notes = notes + result.notes
     if as_json:
         text = output.dumps({

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from calib.commands.predict import MACHINE_HELP, machine_options, model_options, resolve_model
+from calib.commands.predict import MACHINE_HELP, Int, machine_options, model_options, require, resolve_model
 from ingest.errors import InputError
 
 
@@ -64,26 +64,24 @@ Examples:
 )
 @machine_options
 @model_options
-@click.option("--gpus", required=True, help="GPU count N, a list (512,1024) or a range START-STOP:STEP.")
-@click.option("--global-batch", type=int, help="Sequences per iteration (default: the model preset's).")
+@click.option("--gpus", help="GPU count N, a list (512,1024) or a range START-STOP:STEP (required).")
+@click.option("--global-batch", type=Int(1), help="Sequences per iteration (default: the model preset's).")
 @click.option(
     "--top",
-    type=click.IntRange(1, 10_000),
+    type=Int(1, 10_000),
     default=10,
     show_default=True,
     help="How many strategies to list.",
 )
 @click.option("--zero", "zero_stages", default="0,1,2,3", show_default=True, help="ZeRO stages to consider.")
-@click.option("--max-tp", type=int, help="Largest tensor-parallel size to consider.")
+@click.option("--max-tp", type=Int(1), help="Largest tensor-parallel size to consider.")
 @click.option("--no-interleave", is_flag=True, help="Do not consider interleaved pipeline schedules.")
 @click.option(
     "--flash-attention", is_flag=True, help="Fused attention for every strategy (no s x s activations)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the ranked strategies as CSV.")
-@click.option(
-    "-o", "--out", type=click.Path(dir_okay=False), help="Write the output to this file (atomically)."
-)
+@click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
 def search(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus,
            global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, as_json, as_csv, out):  # fmt: skip
     from analytic import output
@@ -104,7 +102,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         raise InputError("--global-batch", f"must be positive, got {B}")
     if max_tp is not None and max_tp < 1:
         raise InputError("--max-tp", f"must be positive, got {max_tp}")
-    counts = parse_gpu_spec(gpus)
+    counts = parse_gpu_spec(require(gpus, "--gpus"))
     machine, notes = resolve_system(system, calibration, hardware, store)
     space = Space(
         zero=parse_zero(zero_stages),

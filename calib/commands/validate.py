@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from calib.commands.predict import machine_options
+from calib.commands.predict import Choice, Fraction, Int, machine_options, require
 from ingest.errors import InputError
 
 SCHEMA_HELP = """\b
@@ -44,23 +44,23 @@ Example:
   calib validate fixtures/published/megatron_sc21_table1_weak_scaling.csv --calibrate-on 1,4,7,10
 """,
 )
-@click.argument("table", type=click.Path(dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(["auto", "canonical", "sc21", "korthikanti", "megatron2020", "mosaicml"]),
+@click.argument("table", required=False)
+@click.option("--format", "fmt", type=Choice(("auto", "canonical", "sc21", "korthikanti", "megatron2020", "mosaicml")),
               default="auto", show_default=True, help="Table format.")  # fmt: skip
 @click.option(
     "--calibrate-on", help="Rows to fit on (numbers, ranges, labels or group tags, comma separated)."
 )
-@click.option("--holdout", type=float, help="Fraction of rows to hold out at random (the rest are fitted).")
+@click.option(
+    "--holdout", type=Fraction(), help="Fraction of rows to hold out at random (the rest are fitted)."
+)
 @click.option("--loo", is_flag=True, help="Leave-one-out cross-validation (the default split).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of --holdout.")
-@click.option("--fit", "fit_kind", type=click.Choice(["compute", "gemm", "ymax", "none"]), default="compute", show_default=True,
+@click.option("--seed", type=Int(0), default=0, show_default=True, help="Random seed of --holdout.")
+@click.option("--fit", "fit_kind", type=Choice(("compute", "gemm", "ymax", "none")), default="compute", show_default=True,
               help="compute: GEMM y_max + element-wise traffic; gemm: y_max + x_half; ymax: y_max only; none: no fit.")  # fmt: skip
 @machine_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the per-row results as CSV.")
-@click.option(
-    "-o", "--out", type=click.Path(dir_okay=False), help="Write the output to this file (atomically)."
-)
+@click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
 def validate(
     table,
     fmt,
@@ -84,7 +84,7 @@ def validate(
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")
-    df, name = read_table(table, fmt)
+    df, name = read_table(require(table, "TABLE"), fmt)
     base = (
         resolve_system(system, calibration, hardware, store)[0]
         if (system or calibration or hardware)
