@@ -140,9 +140,7 @@ def _best_split(rss: np.ndarray, m: int) -> tuple[list[tuple[int, int]], float]:
             arg[k][e] = int(np.argmin(cand))
             best[k][e] = cand[arg[k][e]]
     aic = [
-        m * np.log(max(best[k][m], _TINY) / m) + 2.0 * (3 * k - 1)
-        if np.isfinite(best[k][m])
-        else np.inf
+        m * np.log(max(best[k][m], _TINY) / m) + 2.0 * (3 * k - 1) if np.isfinite(best[k][m]) else np.inf
         for k in range(1, kmax + 1)
     ]
     k = int(np.argmin(aic)) + 1
