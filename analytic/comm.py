@@ -87,8 +87,11 @@ def _on_unique(fn, collective: str, nbytes: np.ndarray, n: np.ndarray) -> np.nda
     flat_b, flat_n = nbytes.ravel(), n.ravel()
     if flat_b.size <= 64:
         return fn(collective, flat_b, flat_n).reshape(nbytes.shape)
-    keys, inv = np.unique(flat_b + 1j * flat_n, return_inverse=True)  # one sort of (bytes, n)
-    return np.asarray(fn(collective, keys.real, keys.imag))[inv.ravel()].reshape(nbytes.shape)
+    ub, ib = np.unique(flat_b, return_inverse=True)
+    un, in_ = np.unique(flat_n, return_inverse=True)
+    codes, inv = np.unique(ib.ravel() * un.size + in_.ravel(), return_inverse=True)  # distinct pairs
+    t = np.asarray(fn(collective, ub[codes // un.size], un[codes % un.size]))
+    return t[inv.ravel()].reshape(nbytes.shape)
 
 
 def group_time_s(

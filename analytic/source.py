@@ -102,10 +102,12 @@ def resolve_system(
     notes: list[str] = []
     if not (system or calibration):
         cal = default_calibration(hw)
+        g, k1, k2 = cal.gemm_efficiency_curve, cal.k1_curve, cal.k2_curve
         notes.append(
             f"efficiencies are stated defaults from hardware spec '{hw.name}' (no measurements): "
-            "GEMM 0.75 of peak saturating, k1 0.95, k2 0.8, busbw "
-            f"{hw.intra_busbw_gbps:.0f} GB/s intra / {hw.inter_busbw_gbps:.0f} GB/s inter-node"
+            f"GEMM {g.y_max.value:g} of peak (half at {g.x_half.value:.0e} FLOP per matmul), "
+            f"k1 {k1.y_max.value:g}, k2 {k2.y_max.value:g}, busbw {hw.intra_busbw_gbps:.0f} GB/s intra / "
+            f"{hw.inter_busbw_gbps:.0f} GB/s inter-node"
         )
         return System(cal, hw), notes
     if system:
