@@ -66,12 +66,17 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True, frozen=True):
 _NO_ARGS = Args()
 
 
+#: what identifies an event (category, name, process, thread): a JSON scalar.  Typed so
+#: that a list or object there is refused at decode time, not hashed later.
+Scalar = str | int | float | bool | None
+
+
 class Event(msgspec.Struct, gc=False):
     ph: Any = None
-    cat: Any = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
+    cat: Scalar = None
+    name: Scalar = None
+    pid: Scalar = None
+    tid: Scalar = None
     ts: float = float("nan")
     dur: float = 0.0
     args: Args = _NO_ARGS
@@ -90,19 +95,19 @@ class TraceFile(msgspec.Struct, gc=False):
 # flow, instant and other events decode into empty structs.  A trace with a "ph" this
 # union does not list falls back to the generic ``TraceFile`` decoder above.
 class _X(msgspec.Struct, tag="X", tag_field="ph", gc=False):
-    cat: Any = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
+    cat: Scalar = None
+    name: Scalar = None
+    pid: Scalar = None
+    tid: Scalar = None
     ts: float = float("nan")
     dur: float = 0.0
     args: msgspec.Raw = msgspec.Raw(b"{}")
 
 
 class _M(msgspec.Struct, tag="M", tag_field="ph", gc=False):
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
+    name: Scalar = None
+    pid: Scalar = None
+    tid: Scalar = None
     args: Args = _NO_ARGS
 
 
