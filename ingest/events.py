@@ -35,7 +35,8 @@ _CAT_KIND = {
     "gpu_user_annotation": GPU_ANNOTATION,
 }
 
-_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+#: at most 18 digits: a step number must fit int64 (a longer one is not a step, it is noise)
+_STEP_RE = re.compile(r"^ProfilerStep#(\d{1,18})$")
 
 
 @dataclass
