@@ -177,9 +177,7 @@ def search_text(summary: dict, table: pd.DataFrame, per_gpus: pd.DataFrame | Non
     else:
         out += ["best strategies", _indent(_search_view(table).to_string(index=False))]
     if per_gpus is not None and not per_gpus.empty:
-        view = _search_view(
-            per_gpus.assign(recompute=per_gpus["recompute"].map(lambda i: ("none", "selective", "full")[i]))
-        )
+        view = _search_view(per_gpus)
         out += [
             "",
             "best strategy per GPU count",

@@ -111,9 +111,11 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         flash_attention=flash_attention,
     )
     res = run_search(model, machine, counts, B, space, top)
-    table = res.top
-    if not table.empty:
-        table = table.assign(recompute=[RECOMPUTE_NAMES[i] for i in table["recompute"]])
+
+    def named(df):
+        return df.assign(recompute=[RECOMPUTE_NAMES[i] for i in df["recompute"]]) if not df.empty else df
+
+    table = named(res.top)
     summary = {
         "model": model.label, "machine": machine.hw.name, "calibration": machine.cal.system,
         "gpus": counts if len(counts) > 1 else counts[0], "global_batch": B,
@@ -122,11 +124,13 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     }  # fmt: skip
     if as_json:
         text = output.dumps({**summary, "notes": notes, "top": output.records(table),
-                             "best_per_gpus": output.records(res.best_per_gpus) if len(counts) > 1 else []})  # fmt: skip
+                             "best_per_gpus": output.records(named(res.best_per_gpus)) if len(counts) > 1 else []})  # fmt: skip
     elif as_csv:
         text = table.to_csv(index=False)
     else:
-        text = output.search_text(summary, table, res.best_per_gpus if len(counts) > 1 else None, notes)
+        text = output.search_text(
+            summary, table, named(res.best_per_gpus) if len(counts) > 1 else None, notes
+        )
     text = output.emit(text, out)
     if text is not None:
         click.echo(text, nl=False)
