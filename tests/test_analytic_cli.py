@@ -178,6 +178,10 @@ def test_search_ranks_and_counts():
         "selene",
     ).output
     assert "strategies/s" in text and "best strategy per GPU count" in text
+    sweep = json.loads(run("search", "--model", "megatron-1.7b", "--gpus", "16,32", "--global-batch", "64",
+                           "--hardware", "selene", "--json").output)  # fmt: skip
+    assert [r["gpus"] for r in sweep["best_per_gpus"]] == [16, 32]
+    assert {r["recompute"] for r in sweep["best_per_gpus"] + sweep["top"]} <= {"none", "selective", "full"}
 
 
 @pytest.mark.parametrize(
