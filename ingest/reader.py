@@ -36,6 +36,9 @@ except ImportError:  # pragma: no cover - isal is a dependency, kept optional fo
 
 #: refuse to inflate beyond this many bytes per input byte (gzip bombs)
 MAX_INFLATE_RATIO = 2000
+#: longest span of complete events: 2**50 ns (13 days), the per-thread key space of
+#: ingest.intervals (THREAD_STRIDE).  A profiler trace covers seconds to hours.
+MAX_SPAN_US = 2.0**50 / 1000.0
 
 
 class Args(msgspec.Struct, gc=False, omit_defaults=True, frozen=True):
@@ -354,6 +357,12 @@ def _columns(path: Path, doc: TraceFile | _FastTraceFile, events: list[Any]) -> 
             path,
             f"{int(bad.sum())} complete events have a missing, negative or non-finite ts/dur "
             f"(first: '{_short(x[i].name)}' ts={x[i].ts!r} dur={x[i].dur!r})",
+        )
+    if n and (span := float((ts + dur).max() - ts.min())) > MAX_SPAN_US:
+        raise InputError(
+            path,
+            f"complete events span {span / 86400e6:.3g} days, more than a profiler trace can "
+            f"({MAX_SPAN_US / 86400e6:.0f} days): timestamps from different clocks, or corrupt",
         )
     dist = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
     props = doc.deviceProperties if isinstance(doc.deviceProperties, list) else []
