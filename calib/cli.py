@@ -78,9 +78,17 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("calib: aborted", err=True)
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.format_message())  # bare `calib` or a group without a command: help
+        sys.exit(0)
+    except click.UsageError as exc:
+        # one line, like every other bad input: "calib: <command>: <problem> (see --help)"
+        where = exc.ctx.command_path if exc.ctx is not None else "calib"
+        click.echo(f"calib: {where}: {exc.format_message()} (see '{where} --help')", err=True)
+        sys.exit(2)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        click.echo(f"calib: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code if exc.exit_code else 1)
     except KeyboardInterrupt:
         click.echo("calib: interrupted", err=True)
         sys.exit(130)
