@@ -23,10 +23,11 @@ from ingest import buckets as _buckets
 from ingest import collectives as _collectives
 from ingest import frameworks as _frameworks
 from ingest import gemms as _gemms
+from ingest.capture.runconfig import RUN_CONFIG_NAME
 from ingest.errors import InputError
 from ingest.events import Events, normalise
 from ingest.executors import ExecutorSpec, RankJob, run_jobs
-from ingest.reader import RawTrace, read_trace, sniff
+from ingest.reader import InflateLimit, RawTrace, read_trace, sniff
 from ingest.rules import DEFAULT_RULES, Rules
 from ingest.schema import KIND_TRACE, Framework, ProcessGroup, RunMeta, SourceFile
 from ingest.timeline import build as build_timeline
@@ -149,15 +150,25 @@ def ingest_rank(
 
 
 def _read(path: Path, budget: int | None) -> tuple[RawTrace, Events, list[str]]:
-    """Decode in memory when the trace fits the budget (fastest), else stream it."""
+    """Decode in memory when the trace fits the budget (fastest), else stream it.
+
+    The gzip trailer's size decides, but it can lie (or wrap at 4 GiB), so the in-memory
+    inflate is bounded too and falls back to streaming when it overruns.
+    """
     from ingest import memory
 
-    if budget is None or memory.fits_in_memory(path, budget):
+    if budget is None:
         raw = read_trace(path)
         return raw, normalise(raw), []
+    if memory.fits_in_memory(path, budget):
+        try:
+            raw = read_trace(path, max_inflated_bytes=memory.max_in_memory_json(budget))
+            return raw, normalise(raw), []
+        except InflateLimit:
+            pass
     from ingest.stream import read_streaming
 
-    raw, ev = read_streaming(path, memory.batch_bytes(budget))
+    raw, ev = read_streaming(path, memory.batch_bytes(budget), budget_bytes=budget)
     note = (
         f"streamed in batches: {raw.raw_bytes / 1e9:.2f} GB of JSON would need about "
         f"{raw.raw_bytes * memory.IN_MEMORY_BYTES_PER_JSON_BYTE / 1e9:.1f} GB decoded at once, "
@@ -207,11 +218,16 @@ def find_inputs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path], li
         else:
             files, explicit = [p], True
         for f in files:
+            if not explicit and f.name == RUN_CONFIG_NAME:
+                continue  # the capture sidecar: read by ingest(), not a trace
             head = sniff(f, 4096)
             first = head.lstrip()[:1]
             if first in ("{", "["):
                 if not explicit and not f.name.endswith(_TRACE_SUFFIXES):
                     notes.append(f"skipped {f}: JSON but not named *.json/*.json.gz")
+                    continue
+                if not explicit and first == "{" and '"traceEvents"' not in sniff(f, 1 << 16):
+                    notes.append(f"skipped {f}: JSON without 'traceEvents' in its first 64 KiB")
                     continue
                 traces.append(f)
             elif looks_like_nccl_tests(head):
@@ -244,6 +260,8 @@ def ingest(
     memory budget; every executor gives the same run.
     """
     traces, logs, notes = find_inputs(paths)
+    options, sidecar_notes = apply_run_config(paths, options)
+    notes = [*notes, *sidecar_notes]
     name = options.name or _default_name(paths)
     if logs:
         from ingest.nccl_tests import ingest_nccl_tests
@@ -254,6 +272,45 @@ def ingest(
     jobs = [RankJob(p, h, options.rules) for p, h in zip(traces, hints, strict=True)]
     results = run_jobs(jobs, executor or ExecutorSpec(), progress)
     return assemble(results, options, name, notes)
+
+
+def apply_run_config(paths: Sequence[str | Path], options: IngestOptions) -> tuple[IngestOptions, list[str]]:
+    """Fill what the user did not state from a captured run's ``run_config.json``.
+
+    The sidecar (written by ``calib capture`` and ``fixtures/generate.py``) states the
+    system, run name, framework and ZeRO stage (which traces cannot always tell) and the
+    model shape.  Command-line options take precedence over it.
+    """
+    from ingest.capture.runconfig import RUN_CONFIG_NAME as _NAME
+    from ingest.capture.runconfig import read_run_config
+
+    dirs = [Path(p) for p in paths if Path(p).is_dir() and (Path(p) / _NAME).is_file()]
+    if len(dirs) != 1:
+        return options, ([f"{len(dirs)} run_config.json sidecars given; none applied"] if dirs else [])
+    cfg = read_run_config(dirs[0])
+    where = dirs[0] / _NAME
+    fw = cfg.get("framework") if isinstance(cfg.get("framework"), dict) else {}
+    name, stage = fw.get("name"), fw.get("zero_stage")
+    if name is not None and name not in FRAMEWORKS:
+        raise InputError(where, f"unknown framework '{name}' (known: {', '.join(FRAMEWORKS)})")
+    if stage is not None and stage not in (0, 1, 2, 3):
+        raise InputError(where, f"ZeRO stage must be 0, 1, 2 or 3, not {stage!r}")
+    model = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
+    shape = {k: v for k, v in model.items() if k in ("d", "l", "a", "s", "V", "b") and isinstance(v, int)}
+    system = options.system or (cfg.get("system") if isinstance(cfg.get("system"), str) else None)
+    if system is not None:
+        from ingest.store import check_name
+
+        check_name("system", system)
+    updated = replace(
+        options,
+        system=system,
+        name=options.name or (cfg.get("name") if isinstance(cfg.get("name"), str) else None),
+        framework=options.framework or name,
+        zero_stage=options.zero_stage if options.zero_stage is not None else stage,
+        model=dict(options.model) or shape,
+    )
+    return updated, [f"stated by {where}: framework {name}, ZeRO stage {stage}, model {shape or '-'}"]
 
 
 def assemble(

@@ -193,3 +193,26 @@ def test_backlog_from_unprofiled_step_is_noted(ingested):
     notes = ingested("test").notes
     assert any("launched before the trace began" in n and "iteration 1009" in n for n in notes)
     assert not any("launched before the trace began" in n for n in ingested("control").notes)
+
+
+def test_generated_run_directory_with_sidecar(tmp_path):
+    """A captured run directory ingests as a whole; run_config.json states what traces cannot."""
+    from ingest.pipeline import IngestOptions, ingest
+    from tests.conftest import FIXTURES
+
+    run = FIXTURES / "traces" / "generated" / "ds-z1-d128-ws2"
+    cfg = json.loads((run / "run_config.json").read_text())
+    meta, tables = ingest([run], IngestOptions())
+    assert meta.ranks == (0, 1) and meta.world_size == cfg["world_size"] == 2
+    assert meta.system == cfg["system"] and meta.name == cfg["name"]
+    assert (meta.framework.name, meta.framework.zero_stage, meta.framework.stated) == ("deepspeed", 1, True)
+    assert {k: meta.model[k] for k in ("d", "l", "a", "s", "V", "b")} == {
+        k: cfg["model"][k] for k in ("d", "l", "a", "s", "V", "b")
+    }
+    # the command line wins over the sidecar
+    meta2, _ = ingest([run], IngestOptions(zero_stage=2, system="other"))
+    assert (meta2.framework.zero_stage, meta2.system) == (2, "other")
+    # detection alone cannot tell ZeRO-1 from ZeRO-2
+    alone, _ = ingest(sorted(run.glob("rank*.pt.trace.json.gz")), IngestOptions())
+    assert alone.framework.zero_stage is None and not alone.framework.stated
+    assert len(tables["buckets"]) == 2 * 3  # ProfilerStep#2..#4 on each rank

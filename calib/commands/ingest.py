@@ -156,7 +156,7 @@ def ingest_cmd(
         memory_from_user=max_memory is not None,
     )
     meta, tables = run_ingest(paths, options, progress=_progress, executor=spec)
-    target = out_dir if out_dir is not None else run_dir(store or default_store(), system, meta.name)
+    target = out_dir if out_dir is not None else run_dir(store or default_store(), meta.system, meta.name)
     write_run(target, meta, tables)
     if as_json:
         doc = {
