@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ingest.reader import Args, LazyArgs, RawTrace
+from ingest.reader import Args, RawTrace
 
 KERNEL, MEMCPY, MEMSET, RUNTIME, OP, ANNOTATION, GPU_ANNOTATION, OTHER = range(8)
 DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)
@@ -70,15 +70,11 @@ class Events:
 
     def int_arg(self, idx: np.ndarray, attr: str) -> np.ndarray:
         """An integer ``args`` attribute (typed in ingest.reader.Args) as int64; -1 missing."""
-        if isinstance(self.args, LazyArgs) and attr in ("correlation", "external_id"):
-            return self.args.ids(attr, np.asarray(idx).tolist())
         return np.fromiter(map(attrgetter(attr), self.args_of(idx)), dtype=np.int64, count=len(idx))
 
     def args_of(self, idx: np.ndarray) -> list[Args]:
-        """The decoded args of events ``idx`` (batch-decoded on the fast read path)."""
+        """The decoded args of events ``idx``."""
         args = self.args
-        if isinstance(args, LazyArgs):
-            return args.many(np.asarray(idx).tolist())
         return [args[i] for i in np.asarray(idx).tolist()]
 
 

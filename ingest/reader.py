@@ -95,10 +95,10 @@ class TraceFile(msgspec.Struct, gc=False):
     schemaVersion: Any = None  # noqa: N815
 
 
-# Fast path: a tagged union on "ph".  Complete events keep their args as raw JSON,
-# decoded later only for the events that need them (kernels, runtime calls, a few ops);
-# flow, instant and other events decode into empty structs.  A trace with a "ph" this
-# union does not list falls back to the generic ``TraceFile`` decoder above.
+# Fast path: a tagged union on "ph".  Flow, instant and other events (often 40 % of a
+# GPU trace) decode into empty structs, their keys skipped; complete and metadata events
+# decode as above.  A trace with a "ph" this union does not list falls back to the
+# generic ``TraceFile`` decoder.
 class _X(msgspec.Struct, tag="X", tag_field="ph", gc=False):
     cat: Scalar = None
     name: Scalar = None
@@ -106,7 +106,7 @@ class _X(msgspec.Struct, tag="X", tag_field="ph", gc=False):
     tid: Scalar = None
     ts: float = float("nan")
     dur: float = 0.0
-    args: msgspec.Raw = msgspec.Raw(b"{}")
+    args: Args = _NO_ARGS
 
 
 class _M(msgspec.Struct, tag="M", tag_field="ph", gc=False):
@@ -132,70 +132,12 @@ class _FastTraceFile(msgspec.Struct, gc=False):
 
 
 _FAST_DECODER = msgspec.json.Decoder(_FastTraceFile)
-_ARGS_LIST_DECODER = msgspec.json.Decoder(list[Args])
-
-
-class _Ids(msgspec.Struct, gc=False):
-    correlation: int = -1
-    external_id: int = msgspec.field(default=-1, name="External id")
-
-
-_IDS_LIST_DECODER = msgspec.json.Decoder(list[_Ids])
 _DECODER = msgspec.json.Decoder(TraceFile)
 _get_ts, _get_dur, _get_cat, _get_name = (attrgetter(a) for a in ("ts", "dur", "cat", "name"))
 _get_pid, _get_tid, _get_args = (attrgetter(a) for a in ("pid", "tid", "args"))
 _get_ph = attrgetter("ph")
 _IS_X, _IS_M = "X".__eq__, "M".__eq__
 _LIST_DECODER = msgspec.json.Decoder(list[Event])
-
-
-class LazyArgs(Sequence):
-    """Per-event ``args`` kept as raw JSON and decoded into :class:`Args` on demand.
-
-    ``many(idx)`` decodes a whole subset in one call (kernels, runtime calls), which is
-    what makes skipping the other ~70 % of events' args worthwhile.
-    """
-
-    def __init__(self, path: Path, raws: list[msgspec.Raw]) -> None:
-        self.path = path
-        self.raws = raws
-        self.cache: dict[int, Args] = {}
-
-    def __len__(self) -> int:
-        return len(self.raws)
-
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return self.many(list(range(*i.indices(len(self)))))
-        a = self.cache.get(i)
-        if a is None:
-            a = self.many([i])[0]
-        return a
-
-    def ids(self, attr: str, idx: list[int]) -> np.ndarray:
-        """``correlation`` or ``external_id`` of events ``idx`` as int64 (-1 missing).
-
-        Decodes only the two id keys: the cheapest way to link kernels to launches.
-        """
-        raws = self.raws
-        parts = [raws[i] for i in idx]
-        try:
-            decoded = _IDS_LIST_DECODER.decode(b"[" + b",".join(parts) + b"]")
-        except msgspec.ValidationError as exc:
-            raise InputError(self.path, f"not a Kineto trace: event args: {exc}") from None
-        return np.fromiter(map(attrgetter(attr), decoded), dtype=np.int64, count=len(idx))
-
-    def many(self, idx: list[int]) -> list[Args]:
-        cache, raws = self.cache, self.raws
-        missing = [i for i in idx if i not in cache]
-        if missing:
-            parts = [raws[i] for i in missing]
-            try:
-                decoded = _ARGS_LIST_DECODER.decode(b"[" + b",".join(parts) + b"]")
-            except msgspec.ValidationError as exc:
-                raise InputError(self.path, f"not a Kineto trace: event args: {exc}") from None
-            cache.update(zip(missing, decoded, strict=True))
-        return [cache[i] for i in idx]
 
 
 @dataclass
@@ -214,7 +156,7 @@ class RawTrace:
     name: list[Any]
     pid: list[Any]
     tid: list[Any]
-    args: Sequence[Args]  # a list, or LazyArgs on the fast path
+    args: Sequence[Args]
     thread_names: dict[tuple[Any, Any], str] = field(default_factory=dict)
     process_labels: dict[Any, str] = field(default_factory=dict)
     distributed_info: dict[str, Any] = field(default_factory=dict)
@@ -390,7 +332,7 @@ def _columns(path: Path, doc: TraceFile | _FastTraceFile, events: list[Any]) -> 
         name=list(map(_get_name, x)),
         pid=list(map(_get_pid, x)),
         tid=list(map(_get_tid, x)),
-        args=LazyArgs(path, list(map(_get_args, x))) if fast else list(map(_get_args, x)),
+        args=list(map(_get_args, x)),
         thread_names=thread_names,
         process_labels=process_labels,
         distributed_info=dist,
