@@ -18,9 +18,8 @@ import hashlib
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import compress
-from operator import attrgetter, is_
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Union
 
@@ -286,9 +285,8 @@ def _json_problem(exc: msgspec.DecodeError, size: int) -> str:
 def _columns(path: Path, doc: TraceFile | _FastTraceFile, events: list[Any]) -> RawTrace:
     fast = isinstance(doc, _FastTraceFile)
     if fast:
-        kinds = list(map(type, events))
-        x = list(compress(events, map(partial(is_, _X), kinds)))
-        meta = list(compress(events, map(partial(is_, _M), kinds)))
+        x = [e for e in events if type(e) is _X]
+        meta = [e for e in events if type(e) is _M]
     else:
         phs = list(map(_get_ph, events))
         x = list(compress(events, map(_IS_X, phs)))

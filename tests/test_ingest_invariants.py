@@ -62,3 +62,11 @@ def test_windows_are_ordered_and_disjoint(ingested, key):
     b = ingested(key).tables["buckets"].sort_values("start_s")
     ends = (b["start_s"] + b["wall_s"]).to_numpy()
     assert np.all(b["start_s"].to_numpy()[1:] >= ends[:-1] - 1e-9)
+
+
+@pytest.mark.parametrize("key", TRACES)
+def test_dispatch_ops_sum_to_intra_op_time(ingested, key):
+    r = ingested(key)
+    b, d = r.tables["buckets"], r.tables["dispatch_ops"]
+    per_iter = d.groupby("iteration")["intra_op_s"].sum().reindex(b["iteration"], fill_value=0.0)
+    np.testing.assert_allclose(per_iter.to_numpy(), b["intra_op_s"].to_numpy(), rtol=1e-9, atol=1e-12)
