@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 import numpy as np
@@ -42,6 +42,10 @@ MAX_INFLATE_RATIO = 250
 MAX_SPAN_US = 2.0**50 / 1000.0
 
 
+#: an id that must fit the int64 columns it ends up in (larger ones are malformed)
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+
+
 class Args(msgspec.Struct, gc=False, omit_defaults=True, frozen=True):
     """The ``args`` keys calib reads; the decoder skips all others.
 
@@ -49,8 +53,8 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True, frozen=True):
     rest stay ``Any`` because their types vary across PyTorch versions.
     """
 
-    correlation: int = -1
-    external_id: int = msgspec.field(default=-1, name="External id")
+    correlation: Int64 = -1
+    external_id: Int64 = msgspec.field(default=-1, name="External id")
     stream: Any = None
     device: Any = None
     coll_name: Any = msgspec.field(default=None, name="Collective name")
