@@ -317,7 +317,9 @@ def _columns(path: Path, doc: TraceFile | _FastTraceFile, events: list[Any]) -> 
             f"{int(bad.sum())} complete events have a missing, negative or non-finite ts/dur "
             f"(first: '{_short(x[i].name)}' ts={x[i].ts!r} dur={x[i].dur!r})",
         )
-    if n and (span := float((ts + dur).max() - ts.min())) > MAX_SPAN_US:
+    with np.errstate(over="ignore", invalid="ignore"):  # an infinite span is an answer here
+        span = float((ts + dur).max() - ts.min()) if n else 0.0
+    if span > MAX_SPAN_US:
         raise InputError(
             path,
             f"complete events span {span / 86400e6:.3g} days, more than a profiler trace can "
