@@ -18,6 +18,7 @@ import numpy as np
 
 from ingest.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, canonical
 from ingest.events import ANNOTATION, OP, Events
+from ingest.intervals import inside_any
 from ingest.schema import Framework, ProcessGroup
 
 _SIGNATURES = (
@@ -73,20 +74,11 @@ def phases_of_comm(ev: Events) -> Counter:
     bwd = np.flatnonzero(host & np.array([_BACKWARD.search(n) is not None for n in names])[ev.name])
     opt = np.flatnonzero(host & np.array([_OPTIMIZER.search(n) is not None for n in names])[ev.name])
     t = ev.start[api]
-    in_bwd = _inside(t, ev.start[bwd], ev.end[bwd])
-    in_opt = _inside(t, ev.start[opt], ev.end[opt])
+    in_bwd = inside_any(t, ev.start[bwd], ev.end[bwd])
+    in_opt = inside_any(t, ev.start[opt], ev.end[opt])
     phase = np.where(in_opt, "optimizer", np.where(in_bwd, "backward", "forward"))
     colls = [canonical(n.split("::")[-1].split(":")[-1]) for n in names[ev.name[api]]]
     return Counter(zip(colls, phase.tolist(), strict=True))
-
-
-def _inside(t: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    if len(s) == 0:
-        return np.zeros(len(t), dtype=bool)
-    order = np.argsort(s)
-    s, e = s[order], np.maximum.accumulate(e[order])
-    pos = np.searchsorted(s, t, side="right") - 1
-    return (pos >= 0) & (e[np.maximum(pos, 0)] > t)
 
 
 def detect(ev: Events, dist_info: dict[str, Any], groups: tuple[ProcessGroup, ...]) -> Framework:

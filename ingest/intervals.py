@@ -97,6 +97,16 @@ def sorted_unique(a: np.ndarray) -> np.ndarray:
     return a[keep]
 
 
+def inside_any(t: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Whether each time lies in any of the (possibly overlapping) intervals."""
+    if len(start) == 0:
+        return np.zeros(len(t), dtype=bool)
+    order = np.argsort(start)
+    s, e = start[order], np.maximum.accumulate(end[order])
+    pos = np.searchsorted(s, t, side="right") - 1
+    return (pos >= 0) & (e[np.maximum(pos, 0)] > t)
+
+
 def union_length(start: np.ndarray, end: np.ndarray) -> int:
     """Total length covered by a set of (possibly overlapping) intervals."""
     if len(start) == 0:

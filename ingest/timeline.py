@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ingest.events import ANNOTATION, DEVICE_KINDS, MEMCPY, MEMSET, OP, OTHER, RUNTIME, Events, profiler_steps
-from ingest.intervals import THREAD_STRIDE, Nesting, sorted_unique
+from ingest.intervals import THREAD_STRIDE, Nesting, inside_any, sorted_unique
 from ingest.rules import Rules
 from ingest.schema import KERNEL_CLASSES
 
@@ -112,7 +112,7 @@ def build(ev: Events, rules: Rules) -> Timeline:
     # optimizer-step kernels are class "optimizer" whatever their name
     opt = np.flatnonzero(rules.is_optimizer(names)[ev.name] & np.isin(ev.kind, (OP, ANNOTATION)))
     if len(opt) and len(act_start):
-        in_opt = _inside_any(act_launch, ev.start[opt], ev.end[opt])
+        in_opt = inside_any(act_launch, ev.start[opt], ev.end[opt])
         movable = ~np.isin(cls, [KERNEL_CLASSES.index(c) for c in MEMORY_CLASSES])
         cls = np.where(in_opt & movable, KERNEL_CLASSES.index("optimizer"), cls)
 
@@ -184,16 +184,6 @@ def _launch_ops(ev: Events, rt_idx: np.ndarray, nest: Nesting) -> np.ndarray:
     if ok.any() and len(nest.start):
         out[ok] = nest.innermost(ev.thread[rt_idx[ok]], ev.start[rt_idx[ok]])
     return out
-
-
-def _inside_any(t: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Whether each time lies in any of the (possibly overlapping) intervals."""
-    if len(start) == 0:
-        return np.zeros(len(t), dtype=bool)
-    order = np.argsort(start)
-    s, e = start[order], np.maximum.accumulate(end[order])
-    pos = np.searchsorted(s, t, side="right") - 1
-    return (pos >= 0) & (e[np.maximum(pos, 0)] > t)
 
 
 def _windows(
