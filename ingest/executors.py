@@ -180,7 +180,7 @@ def _run_dask(jobs: Sequence[RankJob], spec: ExecutorSpec, progress: Progress | 
     cluster = None
     if spec.scheduler:
         try:
-            client = Client(spec.scheduler, timeout="20s")
+            client = Client(spec.scheduler)  # waits distributed.comm.timeouts.connect (30 s)
         except (OSError, TimeoutError, ValueError) as exc:
             raise InputError("--scheduler", f"cannot connect to {spec.scheduler}: {exc}") from None
         per_task = _remote_budget(client, spec)

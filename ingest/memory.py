@@ -21,6 +21,9 @@ DEFAULT_FRACTION = 0.5
 #: peak resident bytes of the in-memory path per byte of inflated JSON (measured on the
 #: tiled df_index_resolver trace: 3.8 GB peak for 1.1 GB of JSON), with some margin
 IN_MEMORY_BYTES_PER_JSON_BYTE = 4.0
+#: what a streamed trace keeps per complete event: its columns (~45 bytes) and the
+#: analysis' arrays over them (measured on the tiled 1 GB trace), with some margin
+STREAMED_BYTES_PER_EVENT = 200
 #: streamed batches are this fraction of a worker's budget (a batch costs ~4x its size
 #: while it is decoded), bounded below and above
 BATCH_FRACTION = 1 / 32
@@ -60,8 +63,8 @@ def parse_size(text: str, available: int | None = None) -> int:
     if not m:
         raise InputError("--max-memory", f"expected a size such as 8G, 512M or 40%, got '{text}'")
     value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value < MIN_BATCH_BYTES * 8:
-        raise InputError("--max-memory", f"{text} is too small; give at least 8M")
+    if value < MIN_BATCH_BYTES:
+        raise InputError("--max-memory", f"{text} is too small; give at least 1M")
     return value
 
 
@@ -77,7 +80,7 @@ def default_budget() -> MemoryBudget:
     avail = available_bytes()
     return MemoryBudget(
         int(avail * DEFAULT_FRACTION),
-        f"default: {DEFAULT_FRACTION:.0%} of {avail / (1 << 30):.1f} GiB available",
+        f"default: {DEFAULT_FRACTION:.0%} of {human(avail)} available",
     )
 
 
@@ -113,9 +116,22 @@ def fits_in_memory(path: Path, budget_bytes: int) -> bool:
     return inflated_size(path) * IN_MEMORY_BYTES_PER_JSON_BYTE <= budget_bytes
 
 
+def max_in_memory_json(budget_bytes: int) -> int:
+    """The most inflated JSON the in-memory path may hold within ``budget_bytes``."""
+    return int(budget_bytes / IN_MEMORY_BYTES_PER_JSON_BYTE)
+
+
 def batch_bytes(budget_bytes: int) -> int:
     """Inflated bytes per streamed batch for a worker with ``budget_bytes``."""
     return int(min(max(budget_bytes * BATCH_FRACTION, MIN_BATCH_BYTES), MAX_BATCH_BYTES))
+
+
+def human(nbytes: float) -> str:
+    """``1.5 GiB``, ``12 MiB``: sizes for messages."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{int(nbytes)} B"
 
 
 def _meminfo_available() -> int | None:

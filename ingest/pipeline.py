@@ -170,9 +170,9 @@ def _read(path: Path, budget: int | None) -> tuple[RawTrace, Events, list[str]]:
 
     raw, ev = read_streaming(path, memory.batch_bytes(budget), budget_bytes=budget)
     note = (
-        f"streamed in batches: {raw.raw_bytes / 1e9:.2f} GB of JSON would need about "
-        f"{raw.raw_bytes * memory.IN_MEMORY_BYTES_PER_JSON_BYTE / 1e9:.1f} GB decoded at once, "
-        f"over this worker's {budget / 1e9:.2f} GB budget"
+        f"streamed in batches: {memory.human(raw.raw_bytes)} of JSON would need about "
+        f"{memory.human(raw.raw_bytes * memory.IN_MEMORY_BYTES_PER_JSON_BYTE)} decoded at once, "
+        f"over this worker's {memory.human(budget)} budget"
     )
     return raw, ev, [note]
 

@@ -30,7 +30,8 @@ import numpy as np
 
 from ingest.errors import InputError
 from ingest.events import Events, normalise
-from ingest.reader import MAX_INFLATE_RATIO, Args, Event, RawTrace, TraceFile, _columns
+from ingest.memory import STREAMED_BYTES_PER_EVENT, human
+from ingest.reader import MAX_INFLATE_RATIO, MAX_SPAN_US, Args, Event, RawTrace, TraceFile, _columns
 
 try:
     from isal import isal_zlib as _zlib
@@ -57,15 +58,19 @@ _get_corr, _get_ext = attrgetter("correlation"), attrgetter("external_id")
 _encode = msgspec.json.encode
 
 
-def read_streaming(path: str | Path, batch_bytes: int) -> tuple[RawTrace, Events]:
+def read_streaming(
+    path: str | Path, batch_bytes: int, budget_bytes: int | None = None
+) -> tuple[RawTrace, Events]:
     """Decode ``path`` in batches of about ``batch_bytes`` inflated bytes.
 
     Returns the file's metadata as a :class:`RawTrace` with empty event columns, and
-    the events as columns identical to ``normalise(read_trace(path))``.
+    the events as columns identical to ``normalise(read_trace(path))``.  With
+    ``budget_bytes``, a trace with more events than fit it even as columns is refused
+    as it is read (a clear error instead of the kernel's out-of-memory killer).
     """
     path = Path(path)
     splitter = _Splitter(path, batch_bytes)
-    cols = _Columns(path)
+    cols = _Columns(path, budget_bytes)
     stream = _inflated_chunks(path, batch_bytes)
     for chunk in stream:
         for events in splitter.feed(chunk):
@@ -370,9 +375,9 @@ def _decode_batch(path: Path, batch: bytes, offset: int) -> list[Event]:
     try:
         return _BATCH_DECODER.decode(batch)
     except msgspec.ValidationError as exc:
-        raise InputError(path, f"not a Kineto trace: {exc} (events near byte {offset})") from None
+        raise InputError(path, f"not a Kineto trace: {exc} (in the events from byte {offset})") from None
     except msgspec.DecodeError as exc:
-        raise InputError(path, f"invalid JSON ({exc}; events near byte {offset})") from None
+        raise InputError(path, f"invalid JSON ({exc}; in the events from byte {offset})") from None
 
 
 class _Codes(dict):
@@ -386,9 +391,11 @@ class _Codes(dict):
 class _Columns:
     """Accumulates batches of events into compact columns."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, budget_bytes: int | None = None) -> None:
         self.path = path
+        self.budget = budget_bytes
         self.n_events = 0
+        self.n_complete = 0
         self.parts: dict[str, list[np.ndarray]] = {
             k: [] for k in ("ts", "dur", "cat", "name", "th", "corr", "ext", "tail")
         }
@@ -406,6 +413,13 @@ class _Columns:
             self.thread_names[key] = name if prev is None else f"{prev}|{name}"
         self.process_labels.update(raw.process_labels)
         n = len(raw.ts_us)
+        self.n_complete += n
+        if self.budget is not None and self.n_complete * STREAMED_BYTES_PER_EVENT > self.budget:
+            raise InputError(
+                self.path,
+                f"even streamed, over {self.n_complete} complete events need more than the "
+                f"{human(self.budget)} memory budget of this worker; give more with --max-memory",
+            )
         p = self.parts
         p["ts"].append(raw.ts_us)
         p["dur"].append(raw.dur_us)
@@ -429,26 +443,37 @@ class _Columns:
         self.parts = {}
         ts, dur = p.pop("ts"), p.pop("dur")
         t0 = float(ts.min()) if len(ts) else 0.0
+        with np.errstate(over="ignore", invalid="ignore"):  # as reader._columns
+            span = float((ts + dur).max() - t0) if len(ts) else 0.0
+        if span > MAX_SPAN_US:
+            raise InputError(
+                self.path,
+                f"complete events span {span / 86400e6:.3g} days, more than a profiler trace can "
+                f"({MAX_SPAN_US / 86400e6:.0f} days): timestamps from different clocks, or corrupt",
+            )
         start = np.rint((ts - t0) * 1000.0).astype(np.int64)
         del ts
         end = start + np.rint(dur * 1000.0).astype(np.int64)
         del dur
-        # the per-value conversions (category -> kind, name -> str) are ingest.events'
-        # own: run normalise on one probe event per distinct value
-        kinds = _probe(self.path, cats=list(self.cats)).kind if self.cats else np.zeros(0, np.int8)
-        names = _probe(self.path, names=list(self.names)).names if self.names else np.zeros(0, object)
-        threads = list(self.threads)
+        # Codes and per-value conversions are ingest.events' own: normalise runs on a probe
+        # of one event per distinct value, in first-seen order, and our codes map through
+        # its answer.  Any encoding normalise chooses (first seen, sorted, ...) is a
+        # function of the distinct values in that order, so the result is the same.
+        kinds = _probe(self.path, cat=list(self.cats))
+        names = _probe(self.path, name=list(self.names))
+        pairs = list(self.threads)
+        threads = _probe(self.path, pid=[t[0] for t in pairs], tid=[t[1] for t in pairs])
         return StreamedEvents(
             start=start,
             end=end,
-            kind=kinds[p.pop("cat")] if len(kinds) else np.zeros(0, np.int8),
-            name=p.pop("name"),
-            names=names,
-            thread=p.pop("th"),
-            threads=threads,
+            kind=kinds.kind[p.pop("cat")],
+            name=names.name[p.pop("name")],
+            names=names.names,
+            thread=threads.thread[p.pop("th")],
+            threads=threads.threads,
             args=ArgColumns(p.pop("corr"), p.pop("ext"), p.pop("tail"), self.tail_args),
             t0_us=t0,
-            thread_names={i: self.thread_names.get(t, "") for i, t in enumerate(threads)},
+            thread_names={i: self.thread_names.get(t, "") for i, t in enumerate(threads.threads)},
         )
 
 
@@ -472,18 +497,19 @@ def _tail_of(a: Args) -> Args:
     return msgspec.structs.replace(a, correlation=-1, external_id=-1, **raws)
 
 
-def _probe(path: Path, cats: list[Any] | None = None, names: list[Any] | None = None) -> Events:
-    k = len(cats if cats is not None else names)
+def _probe(path: Path, **column: list[Any]) -> Events:
+    """``normalise`` of one probe event per distinct value of the given column(s)."""
+    k = len(next(iter(column.values())))
     filler = [None] * k
     probe = RawTrace(
         path=path,
         n_events=k,
         ts_us=np.zeros(k),
         dur_us=np.zeros(k),
-        cat=cats if cats is not None else filler,
-        name=names if names is not None else filler,
-        pid=filler,
-        tid=filler,
+        cat=column.get("cat", filler),
+        name=column.get("name", filler),
+        pid=column.get("pid", filler),
+        tid=column.get("tid", filler),
         args=[Args()] * k,
     )
     return normalise(probe)
