@@ -61,9 +61,6 @@ def predictions(inputs: Inputs, spec: PredictSpec, steps: Steps) -> Predictions 
     if system is None and needs_machine:
         notes.append("no machine to predict with: give --system NAME (after `calib fit`), --calibration FILE, "
                      "or a --predict spec with 'hardware: PRESET'")  # fmt: skip
-    out = Predictions(
-        machine=P.machine_label(system) if system else "-", hbm_gb=system.hw.hbm_gb if system else None
-    )
     scaling = maps = search = None
     if system is not None:
         steps.step("scaling")
@@ -74,7 +71,16 @@ def predictions(inputs: Inputs, spec: PredictSpec, steps: Steps) -> Predictions 
         search = P.run_search(system, spec.search) if spec.search else None
     steps.step("validation")
     vals = tuple(P.run_validation(spec, v) for v in spec.validate)
-    return Predictions(out.machine, out.hbm_gb, scaling, spec.scaling, maps, search, vals, tuple(notes))
+    return Predictions(
+        machine=P.machine_label(system) if system else "-",
+        hbm_gb=system.hw.hbm_gb if system else None,
+        scaling=scaling,
+        scaling_spec=spec.scaling,
+        maps=maps,
+        search=search,
+        validations=vals,
+        notes=tuple(notes),
+    )
 
 
 def summary(inputs: Inputs, pred: Predictions | None) -> list[str]:
@@ -158,7 +164,12 @@ def make_report(inputs: Inputs, spec: PredictSpec | None, title: str | None = No
 
     with Steps(8, "report") as steps:
         steps.step("runs")
-        sections: list[Section] = []
+        from reports.sections import render_figure
+        from reports.style import colour_key
+
+        key_fig = render_figure("colour-key", "Colour key",
+                                "One colour per time bucket in every figure of this report.", colour_key())  # fmt: skip
+        sections: list[Section] = [Section("colour-key", "Colour key", (key_fig,))]
         if inputs.runs or inputs.calibration is None:
             sections.append(runs_section(list(inputs.runs), inputs.calibration))
         steps.step("calibration")

@@ -13,7 +13,7 @@ import pandas as pd
 
 from calibrate.calibration import Calibration
 from ingest.rundir import Run
-from ingest.schema import KERNEL_CLASSES, TRANSFORMER_CLASSES
+from ingest.schema import KERNEL_CLASSES
 from reports import style as S
 
 MAX_BARS = 96  # above this, iterations are averaged per rank
@@ -173,6 +173,9 @@ def compute_dissection(runs: list[Run], cal: Calibration | None) -> S.Drawn | No
             label="k1 measured (kernel share of compute)",
             zorder=3,
         )
+        for _, r in pts.iterrows():
+            ax.annotate(S.short(r["run"], 18), (r["x_flops"], r["k1"]), xytext=(4, 3), textcoords="offset points",
+                        fontsize=6, color="#444444")  # fmt: skip
         ax.scatter(pts["x_flops"], pts["k2"], color=S.KERNEL_CLASSES["gemm"], marker="^",
                    label="k2 measured (GEMM+attention share of kernel)", zorder=3)  # fmt: skip
         if cal is not None and cal.k1_curve is not None and cal.k1_curve.y_max.status == "fitted":
@@ -191,7 +194,7 @@ def compute_dissection(runs: list[Run], cal: Calibration | None) -> S.Drawn | No
         ax.set_xlabel("work per operator x (FLOP per matmul)")
         ax.set_ylabel("share (fraction)")
         ax.set_title("k1, k2 against work per operator")
-        ax.legend(loc="lower right", frameon=False)
+        ax.legend(loc="upper left", frameon=False, fontsize=7)
     return S.Drawn(fig, df)
 
 
@@ -273,11 +276,3 @@ def collective_summary(run: Run, top: int = 10) -> pd.DataFrame:
     ).agg(count=("dur_s", "size"), mean_s=("dur_s", "mean"), busbw_gbps=("busbw_gbps", "median"))
     g["total_s"] = g["count"] * g["mean_s"]
     return g.sort_values("total_s", ascending=False, kind="stable").head(top).reset_index(drop=True)
-
-
-def transformer_share(run: Run) -> float:
-    k = run.table("kernels")
-    tot = float(k["time_s"].sum())
-    return (
-        float(k.loc[k["kernel_class"].isin(TRANSFORMER_CLASSES), "time_s"].sum()) / tot if tot > 0 else np.nan
-    )

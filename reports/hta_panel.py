@@ -178,7 +178,8 @@ def figure(res: HtaResult) -> S.Drawn:
     ax.set_xticks(positions, labels, rotation=40, ha="right", fontsize=7)
     ax.set_ylabel("idle time over the trace (ms)")
     ax.set_title("GPU idle: calib buckets (device) vs HTA (per stream, dotted)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=3, frameon=False, fontsize=7)
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=6, frameon=False, fontsize=8)
     d = res.launch
     ax = axes[0, 1]
     cpu = np.maximum(d["cpu_duration_us"].to_numpy(float), 0.5)

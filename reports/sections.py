@@ -4,18 +4,12 @@ and the system's calibration.  Each function returns a :class:`Section` of block
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import pandas as pd
-
 from calibrate.calibration import Calibration
 from ingest.rundir import Run
 from reports import fig_calibration, fig_runs, hta_panel
 from reports import style as S
 from reports.document import Figure, Section, Table, Text, key
 from reports.progress import progress
-
-Render = Callable[[str, str, str, "S.Drawn | None"], Figure | None]
 
 
 def render_figure(k: str, title: str, caption: str, drawn: S.Drawn | None) -> Figure | None:
@@ -163,8 +157,3 @@ def calibration_section(cal: Calibration | None, series: tuple, path, model_gpus
     for note in cal.notes:
         blocks.append(Text(note, "note"))
     return Section("calibration", f"Calibration: {cal.system}", tuple(blocks))
-
-
-def bucket_legend() -> pd.DataFrame:
-    """The palette as a table (one colour per bucket across every figure)."""
-    return pd.DataFrame([{"bucket": lab, "colour": col} for lab, col in S.BUCKETS.values()])

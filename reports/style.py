@@ -19,6 +19,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -32,7 +33,7 @@ BUCKETS: dict[str, tuple[str, str]] = {
     "other": ("other (host wait)", "#999999"),
     "comm": ("communication (exposed)", "#D55E00"),
     "comm_overlapped": ("communication (overlapped)", "#F4A582"),
-    "allreduce": ("DP all-reduce", "#D55E00"),
+    "allreduce": ("DP all-reduce", "#BB2222"),
     "allgather": ("DP all-gather", "#CC79A7"),
     "reducescatter": ("DP reduce-scatter", "#882255"),
     "tp": ("TP communication", "#8C564B"),
@@ -189,3 +190,22 @@ def bytes_label(n: float) -> str:
         n /= 1024.0
         i += 1
     return f"{n:g} {units[i]}"
+
+
+def colour_key() -> Drawn:
+    """Every bucket colour once, as the report's key."""
+    items = list(BUCKETS.items())
+    ncol = 5
+    fig, ax = new_figure(figsize=(12.0, 0.35 * (-(-len(items) // ncol)) + 0.2))
+    for i, (k, (lab, col)) in enumerate(items):
+        x, y = (i % ncol) * 2.4, -(i // ncol)
+        ax.add_patch(
+            matplotlib.patches.Rectangle(
+                (x, y), 0.22, 0.6, color=col, hatch="//" if k == "comm_overlapped" else None
+            )
+        )
+        ax.text(x + 0.4, y + 0.3, lab, va="center", fontsize=8)
+    ax.set_xlim(0, ncol * 2.4)
+    ax.set_ylim(-(len(items) - 1) // ncol - 0.2, 0.8)
+    ax.axis("off")
+    return Drawn(fig, pd.DataFrame([{"bucket": k, "label": v[0], "colour": v[1]} for k, v in items]))

@@ -7,6 +7,8 @@ The demo runs once per test session (:func:`demo_once`); the browser test reuses
 from __future__ import annotations
 
 import atexit
+import json
+import os
 import shutil
 import tempfile
 import time
@@ -16,21 +18,27 @@ import pytest
 
 from tests.test_report import cli
 
-_CACHE: dict[str, object] = {}
-
 
 def demo_once() -> tuple[Path, str, float]:
-    """(report path, stdout, seconds) of one `calib demo` run through the real CLI."""
-    if not _CACHE:
-        root = Path(tempfile.mkdtemp(prefix="calib-demo-test-"))
+    """(report path, stdout, seconds) of one `calib demo` run through the real CLI.
+
+    The result is kept in a per-process directory (not a module global: pytest may import
+    this module twice, as ``test_demo`` and as ``tests.test_demo``), removed at exit.
+    """
+    root = Path(tempfile.gettempdir()) / f"calib-demo-test-{os.getpid()}"
+    done = root / "result.json"
+    if not done.is_file():
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir()
         atexit.register(shutil.rmtree, root, True)
         t0 = time.perf_counter()
         code, out, err = cli("demo", "--out", root / "demo-out")
         seconds = time.perf_counter() - t0
         assert code == 0, err
-        path = Path(out.strip().splitlines()[-2].removeprefix("report: "))
-        _CACHE.update(path=path, out=out, seconds=seconds)
-    return _CACHE["path"], _CACHE["out"], _CACHE["seconds"]  # type: ignore[return-value]
+        path = out.strip().splitlines()[-2].removeprefix("report: ")
+        done.write_text(json.dumps({"path": path, "out": out, "seconds": seconds}))
+    r = json.loads(done.read_text())
+    return Path(r["path"]), r["out"], r["seconds"]
 
 
 def test_demo_runs_the_pipeline_in_under_two_minutes() -> None:

@@ -268,7 +268,7 @@ def test_calibration_only_report(store: Path, tmp_path: Path) -> None:
     code, _, err = cli("report", "--calibration", cal, "--store", store, "--predict", "none", "--out", out)
     assert code == 0, err
     figs = {p.stem for p in (out / "figures").glob("*.png")}
-    assert figs == {"calibration-busbw", "calibration-eff"}
+    assert figs == {"colour-key", "calibration-busbw", "calibration-eff"}
     eff = pd.read_csv(out / "data" / "calibration-eff.csv")
     measured = eff[(eff["kind"] == "measured") & (eff["collective"] == "allreduce")].set_index("n_gpus")[
         "eff"
