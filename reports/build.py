@@ -25,6 +25,8 @@ from reports.progress import Steps
 from reports.spec import PredictSpec, default_spec
 
 REPORT_FILE = "report.html"
+#: what a report directory holds; anything else in --out means it is not ours to replace
+REPORT_ENTRIES = {REPORT_FILE, "report.md", "figures", "data"}
 
 
 def _version() -> str:
@@ -213,13 +215,17 @@ def make_report(inputs: Inputs, spec: PredictSpec | None, title: str | None = No
 
 def write_report(report: Report, out: Path) -> Path:
     """Write the report into ``out`` atomically (temporary sibling, then rename)."""
-    out = Path(out)
+    given = out
+    out = Path(out).resolve()
     if out.exists() and not out.is_dir():
-        raise InputError("--out", f"{out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / REPORT_FILE).is_file():
-        raise InputError(
-            "--out", f"{out} is a non-empty directory that holds no calib report; refusing to replace it"
-        )
+        raise InputError("--out", f"{given} exists and is not a directory")
+    if out.is_dir():
+        names = {p.name for p in out.iterdir()}
+        if names and (REPORT_FILE not in names or names - REPORT_ENTRIES):
+            raise InputError(
+                "--out",
+                f"{given} is a non-empty directory that holds no calib report; refusing to replace it",
+            )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))

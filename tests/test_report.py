@@ -283,3 +283,13 @@ def test_progress_bar_only_when_asked_or_on_a_terminal(store: Path, tmp_path: Pa
     monkeypatch.setenv("CALIB_PROGRESS", "0")
     code, _, err = cli("report", store / "cpu/runs/ddp-ws2", "--out", tmp_path / "b")
     assert code == 0 and err == ""
+
+
+def test_report_dir_with_foreign_files_is_not_replaced(store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "rep"
+    assert cli("report", store / "cpu/runs/ddp-ws2", "--out", out)[0] == 0
+    assert cli("report", store / "cpu/runs/ddp-ws2", "--out", out)[0] == 0, "an earlier report is replaced"
+    (out / "my-notes.txt").write_text("mine")
+    code, _, err = cli("report", store / "cpu/runs/ddp-ws2", "--out", out)
+    assert code == 2 and "refusing to replace it" in err
+    assert (out / "my-notes.txt").read_text() == "mine" and (out / "report.html").is_file()
