@@ -38,8 +38,10 @@ try:
 except ImportError:  # pragma: no cover
     _zlib = zlib
 
-#: the non-event parts of a trace (deviceProperties, distributedInfo, ...) are small
-HEADER_LIMIT_BYTES = 64 << 20
+#: the non-event parts of a trace (deviceProperties, distributedInfo, ...) are kilobytes,
+#: and one event is at most kilobytes too; a buffer that grows past this without an event
+#: boundary is refused (it is rescanned as it grows, so the limit also bounds that work)
+HEADER_LIMIT_BYTES = 16 << 20
 _READ_BYTES = 1 << 20
 _PRE, _EVENTS, _POST = range(3)
 _KEY_RE = re.compile(rb'"traceEvents"\s*:\s*$')
