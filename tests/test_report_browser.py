@@ -128,13 +128,14 @@ def open_in_chromium(html: Path, shot: Path) -> tuple[dict, list[dict]]:
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"), reason="chromium not installed")
-def test_report_in_headless_chromium() -> None:
+def test_report_in_headless_chromium(capsys) -> None:
     """Never skipped in CI (CI=true): .ci/run installs chromium before the tests."""
     demo_report, _, _ = demo_once()
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report-screenshot.png"
     info, events = open_in_chromium(demo_report, shot)
-    print(f"\nscreenshot: {shot} (whole page: {shot.with_name(shot.stem + '-full.png')})")
+    with capsys.disabled():  # shown in CI's output too
+        print(f"\nscreenshot: {shot} (whole page: {shot.with_name(shot.stem + '-full.png')})")
 
     n_figs = len(list((demo_report.parent / "figures").glob("*.png")))
     assert n_figs >= 15
