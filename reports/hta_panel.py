@@ -203,7 +203,7 @@ def figure(res: HtaResult) -> S.Drawn:
         ax.axvline(LAUNCH_DELAY_CUTOFF_US, color="black", ls=":", lw=0.8)
     ax.set_xscale("log")
     S.plain_log_axis(ax.xaxis)
-    ax.set_xlabel("launch delay: launch end → kernel start (µs)")
+    ax.set_xlabel("launch delay: launch end → kernel start (µs; 0 drawn at 0.5)")
     ax.set_ylabel("kernels")
     ax.set_title("HTA launch delay")
     fig.suptitle(f"{S.short(res.run, 60)}: HTA idle-time breakdown and kernel-launch statistics", fontsize=10)
