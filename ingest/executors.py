@@ -22,8 +22,10 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -151,10 +153,19 @@ class _Sized:
         return self._n
 
 
-def _run_pool(jobs: Sequence[RankJob], workers: int, progress: Progress | None) -> list:
+def _mp_context() -> multiprocessing.context.BaseContext:
+    """A forkserver with ingest preloaded; plain fork when the caller's main module is
+    not a file (``python -``, ``python -c``), which a forkserver child would re-import."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file is not None and not Path(main_file).is_file():
+        return multiprocessing.get_context("fork")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["ingest.pipeline", "ingest.stream"])
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    return ctx
+
+
+def _run_pool(jobs: Sequence[RankJob], workers: int, progress: Progress | None) -> list:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context())
     futures = [pool.submit(run_job, i, j) for i, j in enumerate(jobs)]
 
     def done_in_order_of_completion() -> Iterator[_Outcome]:
@@ -162,7 +173,15 @@ def _run_pool(jobs: Sequence[RankJob], workers: int, progress: Progress | None) 
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in finished:
-                yield f.result()
+                try:
+                    yield f.result()
+                except BrokenProcessPool:
+                    # a worker was killed (the kernel's OOM killer, a signal): say so in one line
+                    raise InputError(
+                        "--jobs",
+                        f"a worker process died while ingesting {jobs[futures.index(f)].path} "
+                        "(killed, or out of memory: give fewer --jobs or a smaller --max-memory)",
+                    ) from None
 
     try:
         return _collect(_Sized(done_in_order_of_completion(), len(jobs)), len(jobs), progress)
@@ -173,6 +192,7 @@ def _run_pool(jobs: Sequence[RankJob], workers: int, progress: Progress | None) 
 def _run_dask(jobs: Sequence[RankJob], spec: ExecutorSpec, progress: Progress | None) -> list:
     try:
         from dask.distributed import Client, LocalCluster, as_completed
+        from distributed.scheduler import KilledWorker
     except ImportError:
         raise InputError(
             "--executor", "dask is not installed; install it with: pip install 'calib[dask]'"
@@ -200,9 +220,21 @@ def _run_dask(jobs: Sequence[RankJob], spec: ExecutorSpec, progress: Progress | 
     try:
         jobs = _with_budget(jobs, per_task)
         futures = [client.submit(run_job, i, j, pure=False) for i, j in enumerate(jobs)]
-        outcomes = (f.result() for f in as_completed(futures))
+        index = {f.key: i for i, f in enumerate(futures)}
+
+        def outcomes() -> Iterator[_Outcome]:
+            for f in as_completed(futures):
+                try:
+                    yield f.result()
+                except KilledWorker:
+                    raise InputError(
+                        "--executor",
+                        f"Dask workers kept dying while ingesting {jobs[index[f.key]].path} "
+                        "(out of memory?); give the workers more memory or a smaller --max-memory",
+                    ) from None
+
         try:
-            return _collect(_Sized(outcomes, len(jobs)), len(jobs), progress)
+            return _collect(_Sized(outcomes(), len(jobs)), len(jobs), progress)
         finally:
             client.cancel(futures)
     finally:

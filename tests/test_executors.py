@@ -69,7 +69,7 @@ def test_dask_local_cluster_equals_serial(serial, ranks_dir) -> None:
 
 def test_streaming_budget_gives_the_same_run(serial, ranks_dir) -> None:
     """A budget too small for any rank: every worker streams; the run is unchanged."""
-    tiny = MemoryBudget(4 << 20, "test")  # 2 MiB per worker: below every rank's in-memory need
+    tiny = MemoryBudget(8 << 20, "test")  # 4 MiB per worker: below every rank's in-memory need
     run = ingest([ranks_dir], IngestOptions(name="r"), executor=ExecutorSpec(jobs=2, memory=tiny))
     _, tables = run
     _, expected = serial

@@ -2,7 +2,7 @@
 
 Each case runs the real command line (``calib.cli.main``, in-process, SystemExit
 captured) on a mutated copy of a real trace, half of the cases through the streaming
-reader (``--max-memory 2M``).  The outcome must be one of:
+reader (``--max-memory 4M``).  The outcome must be one of:
 
 - a correct ingest: exit 0, a complete run whose buckets sum to the wall time within
   0.1 % and are never negative; or
@@ -70,8 +70,8 @@ def run_cli(paths: list[Path], work: Path, streamed: bool) -> None:
     """One case through ``calib ingest``: a clean run or one clean error line."""
     out = work / "out"
     args = ["ingest", *map(str, paths), "--out", str(out), "--name", "hostile"]
-    if streamed:  # these traces inflate to 1-3 MB: 2 MiB forces the streaming reader
-        args += ["--max-memory", "2M"]
+    if streamed:  # these traces need 5-12 MB in memory: 4 MiB forces the streaming reader
+        args += ["--max-memory", "4M"]
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
@@ -414,3 +414,12 @@ def test_found_crashes_stay_fixed(case: str, streamed: bool) -> None:
         path = work / "rank0.json"
         path.write_text(json.dumps(doc))
         run_cli([path], work, streamed=streamed)
+
+
+def test_streamed_cases_do_stream() -> None:
+    """The 4 MiB budget of the streamed cases is below what the larger bases need in memory."""
+    from ingest.memory import fits_in_memory
+
+    assert not fits_in_memory(BASES["gpu"], 4 << 20)
+    assert not fits_in_memory(BASES["cpu_ddp"], 4 << 20)
+    assert not fits_in_memory(PAIR[1], 4 << 20)
