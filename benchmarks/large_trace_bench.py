@@ -13,7 +13,7 @@ Builds a trace of at least ``--size-gb`` of inflated JSON by tiling the real eve
   to wall time.
 
 ``--in-memory`` also runs the in-memory path on the same file (budget lifted) for
-comparison; it needs about 4 bytes of RAM per byte of JSON.
+comparison; it needs about 3 bytes of RAM per byte of JSON.
 
     python benchmarks/large_trace_bench.py [--size-gb 1.0] [--max-memory 1G] [--in-memory]
 """
@@ -72,7 +72,7 @@ def main() -> int:
     ap.add_argument("--size-gb", type=float, default=1.0, help="inflated JSON to build, GiB (default 1)")
     ap.add_argument("--max-memory", default="1G", help="calib's budget, e.g. 1G (default), 512M")
     ap.add_argument("--plain", action="store_true", help="write .json instead of .json.gz")
-    ap.add_argument("--in-memory", action="store_true", help="also time the in-memory path (needs ~4x RAM)")
+    ap.add_argument("--in-memory", action="store_true", help="also time the in-memory path (needs ~3x RAM)")
     ap.add_argument(
         "--tmpdir", type=Path, default=None, help="where to build the trace (default: system temp)"
     )

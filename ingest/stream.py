@@ -1,7 +1,7 @@
 """Read a trace larger than memory: inflate, split and decode it in batches.
 
 The in-memory reader (``ingest.reader``) holds the inflated JSON and one Python struct
-per event at once, about 4 bytes of RAM per byte of JSON.  Here the file is inflated a
+per event at once, about 3 bytes of RAM per byte of JSON.  Here the file is inflated a
 chunk at a time; a vectorised scanner finds where whole events end inside the
 ``traceEvents`` array; each batch of whole events is decoded by the same msgspec types
 and checked by the same per-event validation as the in-memory path, then folded into
