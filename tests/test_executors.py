@@ -67,6 +67,26 @@ def test_dask_local_cluster_equals_serial(serial, ranks_dir) -> None:
     assert_same_run(serial, run)
 
 
+def test_dask_scheduler_address_equals_serial(serial, ranks_dir, tmp_path) -> None:
+    """``--scheduler ADDRESS``: a cluster calib did not start (a LocalCluster here, as
+    dask-jobqueue would give one), through the command line."""
+    distributed = pytest.importorskip("dask.distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
+        code, out, err = cli(
+            "ingest", str(ranks_dir), "--out", str(tmp_path / "d"), "--executor", "dask",
+            "--scheduler", cluster.scheduler_address,
+        )  # fmt: skip
+    assert code == 0, err
+    code, _, err = cli("ingest", str(ranks_dir), "--out", str(tmp_path / "s"))
+    assert code == 0, err
+    for name in serial[1]:
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(tmp_path / "d" / f"{name}.parquet"),
+            pd.read_parquet(tmp_path / "s" / f"{name}.parquet"),
+            obj=name,
+        )
+
+
 def test_streaming_budget_gives_the_same_run(serial, ranks_dir) -> None:
     """A budget too small for any rank: every worker streams; the run is unchanged."""
     tiny = MemoryBudget(8 << 20, "test")  # 4 MiB per worker: below every rank's in-memory need
