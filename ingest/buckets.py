@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ingest.events import Events
-from ingest.intervals import Nesting, sweep
+from ingest.intervals import Nesting, sorted_unique, sweep
 from ingest.schema import KERNEL_CLASSES
 from ingest.timeline import CLASS_PRIORITY, MEMORY_CLASSES, Timeline
 
@@ -96,8 +96,11 @@ def _first_segment(event: np.ndarray) -> np.ndarray:
     """True for the first interval of each event (CPU ops may own several self segments)."""
     first = np.zeros(len(event), dtype=bool)
     if len(event):
-        _, idx = np.unique(event, return_index=True)
-        first[idx] = True
+        order = np.argsort(event, kind="stable")
+        ev_sorted = event[order]
+        lead = np.ones(len(event), dtype=bool)
+        lead[1:] = ev_sorted[1:] != ev_sorted[:-1]
+        first[order[lead]] = True
     return first
 
 
@@ -129,7 +132,7 @@ def _intra_op_attribution(ev: Events, tl: Timeline, sw, k_op: int, rank: int) ->
     nest: Nesting = tl.op_nest
     # The innermost op only changes at an op boundary: query where a run of consecutive
     # intra-op segments starts or crosses one, and carry the answer along the run.
-    op_bounds = np.unique(np.concatenate([nest.start, nest.end]))
+    op_bounds = sorted_unique(np.concatenate([nest.start, nest.end]))
     pos = np.searchsorted(op_bounds, t)
     at_bound = (pos < len(op_bounds)) & (op_bounds[np.minimum(pos, len(op_bounds) - 1)] == t)
     new_run = np.ones(len(seg), dtype=bool)

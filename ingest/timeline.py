@@ -80,7 +80,7 @@ def build(ev: Events, rules: Rules) -> Timeline:
     if len(dev):
         device = "gpu"
         ops = np.flatnonzero((ev.kind == OP) & ~gloo_thread[ev.thread])
-        host_threads = np.unique(ev.thread[ops])
+        host_threads = sorted_unique(ev.thread[ops].astype(np.int64))
         op_nest = Nesting.build(ev.start[ops], ev.end[ops], ev.thread[ops])
         is_comm = comm_name[ev.name[dev]] & (ev.kind[dev] != MEMCPY) & (ev.kind[dev] != MEMSET)
         comm, act = dev[is_comm], dev[~is_comm]
@@ -95,7 +95,7 @@ def build(ev: Events, rules: Rules) -> Timeline:
         comm_launch_op = _launch_ops(ev, comm_rt, op_nest)
     else:
         device = "cpu"
-        host_threads = np.unique(ev.thread[(ev.kind == OP) & ~gloo_thread[ev.thread]])
+        host_threads = sorted_unique(ev.thread[(ev.kind == OP) & ~gloo_thread[ev.thread]].astype(np.int64))
         ops = np.flatnonzero((ev.kind == OP) & np.isin(ev.thread, host_threads))
         op_nest = Nesting.build(ev.start[ops], ev.end[ops], ev.thread[ops])
         comm = np.flatnonzero(comm_name[ev.name] & np.isin(ev.kind, (ANNOTATION, OP, OTHER)))
