@@ -85,13 +85,67 @@ def transfer(cal: Calibration, target: HardwareSpec, source: HardwareSpec | None
     )
 
 
+def compute_slots(cal: Calibration) -> Param | None:
+    """The effective compute slots per node ``calib fit`` found (``provenance["node"]``), if any."""
+    node = (cal.provenance or {}).get("node") or {}
+    raw = node.get("compute_slots_per_node")
+    if not isinstance(raw, dict) or "value" not in raw:
+        return None
+    try:
+        p = Param.from_json(raw)
+    except (TypeError, ValueError):
+        return None
+    return p if p.value > 0 else None
+
+
+def same_device(a: str | None, b: str | None) -> bool:
+    """Device names equal up to case, punctuation and list order ("Xeon, cpu" == "xeon")."""
+
+    def keys(text: str | None) -> set[str]:
+        return {"".join(ch for ch in part.lower() if ch.isalnum()) for part in (text or "").split(",")} - {""}
+
+    ka, kb = keys(a), keys(b)
+    return bool(ka and kb and (ka <= kb or kb <= ka))
+
+
+def host_spec(cal: Calibration) -> HardwareSpec:
+    """A hardware spec from the calibration alone, for a device no preset describes (a CPU host).
+
+    Only valid when k2 was measured on traces: the time model then needs no memory
+    bandwidth (element-wise and optimizer kernels are inside 1 - k2).  Device memory is
+    unknown, so the out-of-memory verdict is off (infinite memory), and the output says so.
+    """
+    gpn = int(cal.gpus_per_node)
+    return HardwareSpec(
+        name=cal.system,
+        device=cal.device or "unknown",
+        peak_tflops=float(cal.peak_tflops or 1.0),
+        hbm_gb=float("inf"),
+        hbm_tbps=float("inf"),
+        gpus_per_node=gpn,
+        scale_up_gbps=float("inf"),
+        node_nic_gbps=float("inf"),
+        runtime_reserve_gb=0.0,
+        source=f"calibration {cal.system} (no hardware preset for device '{cal.device}')",
+        note="memory size and bandwidth unknown: no out-of-memory verdict",
+    )
+
+
 def resolve_system(
     system: str | None = None,
     calibration: str | Path | None = None,
     hardware: str | None = None,
     store: str | Path | None = None,
+    *,
+    ranks_per_node: int | None = None,
 ) -> tuple[System, list[str]]:
-    """Build the :class:`System` from CLI-style options; also return notes for the output."""
+    """Build the :class:`System` from CLI-style options; also return notes for the output.
+
+    ``ranks_per_node``: ranks placed on one node (default: one per device, the
+    calibration's GPUs per node); more ranks than the node's compute slots time-share them.
+    """
+    if ranks_per_node is not None and ranks_per_node < 1:
+        raise InputError("--ranks-per-node", f"must be a positive integer, got {ranks_per_node}")
     if system and calibration:
         raise InputError("--calibration", "give either --system or --calibration, not both")
     if not (system or calibration or hardware):
@@ -109,7 +163,7 @@ def resolve_system(
             f"k1 {k1.y_max.value:g}, k2 {k2.y_max.value:g}, busbw {hw.intra_busbw_gbps:.0f} GB/s intra / "
             f"{hw.inter_busbw_gbps:.0f} GB/s inter-node"
         )
-        return System(cal, hw), notes
+        return _node(System(cal, hw), ranks_per_node, notes), notes
     if system:
         path = store_mod.calibration_path(Path(store) if store else store_mod.default_store(), system)
         if not path.is_file():
@@ -122,13 +176,23 @@ def resolve_system(
     cal = Calibration.load(path)
     own = hardware_for_device(cal.device, cal.gpus_per_node)
     notes.append(f"calibration {path} (system {cal.system})")
+    traced_k2 = System(cal, own or host_spec(cal)).k2_covers_other_kernels
     if hw is None:
-        if own is None:
+        if own is None and not traced_k2:
             raise InputError(
                 path,
                 f"calibration device '{cal.device}' matches no hardware preset; add --hardware SPEC for HBM size and bandwidth",
             )
+        if own is None:
+            own = host_spec(cal)
+            notes.append(
+                f"no hardware preset for device '{cal.device}': spec from the calibration (peak "
+                f"{own.peak_tflops:.4g} TFLOP/s, {own.gpus_per_node} devices per node); device memory unknown, "
+                "so no out-of-memory verdict (give --hardware SPEC for one)"
+            )
         hw = own
+    elif own is None and same_device(hw.device, cal.device) and cal.gpus_per_node == hw.gpus_per_node:
+        notes.append(f"hardware spec '{hw.name}' describes the calibrated device: memory and links from it")
     elif own is None or own.device != hw.device or cal.gpus_per_node != hw.gpus_per_node:
         cal = transfer(cal, hw, own)
         notes.append(
@@ -136,4 +200,25 @@ def resolve_system(
         )
     if is_default(cal):
         notes.append("the calibration's GEMM efficiency is a stated default (no fit)")
-    return System(cal, hw), notes
+    slots = compute_slots(cal)
+    machine = System(cal, hw, compute_slots_per_node=slots.value if slots is not None else None)
+    if machine.k2_covers_other_kernels:
+        notes.append(
+            "k2 measured on traces: element-wise, normalisation and optimizer kernels are inside its 1 - k2 share "
+            "(no separate memory-traffic or optimizer-step terms)"
+        )
+    return _node(machine, ranks_per_node, notes), notes
+
+
+def _node(machine: System, ranks_per_node: int | None, notes: list[str]) -> System:
+    """Place ``ranks_per_node`` ranks on each node; say when they time-share its compute."""
+    if ranks_per_node is not None:
+        machine = replace(machine, ranks_per_node=int(ranks_per_node))
+    slots = machine.slots_per_node
+    if machine.gpus_per_node > slots:
+        notes.append(
+            f"{machine.gpus_per_node} ranks per node on {slots:.3g} compute slots (devices, or cores / threads per "
+            f"rank, as calibrated): a full node runs everything {machine.gpus_per_node / slots:.2f}x slower "
+            "(time-sharing)"
+        )
+    return machine

@@ -22,7 +22,7 @@ Everything broadcasts, so the same code times one strategy or a grid of millions
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from analytic.memory import BYTES_GRAD, activations_bytes, memory_per_gpu
 from analytic.pipeline import pipeline_time_s
 from analytic.specs import HardwareSpec, ModelColumns, ModelSpec
 from analytic.strategy import Strategies
-from calibrate.calibration import Calibration
+from calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
 from ingest.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, SENDRECV
 
 ADAM_STEP_BYTES_PER_PARAM = 28.0  # read+write fp32 master, m, v (24) + read grad (2) + write fp16 weight (2)
@@ -48,11 +48,29 @@ TIME_KEYS = (
 
 @dataclass(frozen=True)
 class System:
-    """What the model needs about the machine: the calibration plus the hardware spec."""
+    """What the model needs about the machine: the calibration plus the hardware spec.
+
+    Node sharing (all optional; the defaults are one rank per device, as on GPUs):
+
+    * ``ranks_per_node``: ranks the launcher places on one node (torchrun's
+      ``--nproc-per-node``); None = the calibration's devices per node.  Communication
+      groups are placed on nodes of this many ranks.
+    * ``compute_slots_per_node``: how many ranks a node runs at full speed (devices, or on
+      a CPU host cores / threads per rank, as fitted by ``calib fit``); None = devices
+      per node.  r ranks on a node take max(1, r / slots) times as long for everything
+      they do -- compute and the host-driven communication of gloo alike (time-sharing).
+
+    When k2 was measured on traces (:attr:`k2_covers_other_kernels`), its (1 - k2) share
+    already holds the element-wise, normalisation and optimizer kernels of the traced
+    steps; the separate HBM-traffic and optimizer-step terms would count them twice and
+    are left out.
+    """
 
     cal: Calibration
     hw: HardwareSpec
     vector_passes: float = VECTOR_PASSES
+    ranks_per_node: int | None = None
+    compute_slots_per_node: float | None = None
 
     @property
     def peak_flops(self) -> float:
@@ -60,7 +78,30 @@ class System:
 
     @property
     def gpus_per_node(self) -> int:
-        return int(self.cal.gpus_per_node)
+        """Ranks per node: what placement and the collective curves see."""
+        return int(self.ranks_per_node or self.cal.gpus_per_node)
+
+    @property
+    def slots_per_node(self) -> float:
+        return float(self.compute_slots_per_node or self.cal.gpus_per_node)
+
+    @property
+    def comm_cal(self) -> Calibration:
+        """The calibration with nodes of ``ranks_per_node`` ranks (intra-node curves inside them)."""
+        if self.ranks_per_node and self.ranks_per_node != self.cal.gpus_per_node:
+            return replace(self.cal, gpus_per_node=int(self.ranks_per_node))
+        return self.cal
+
+    @property
+    def k2_covers_other_kernels(self) -> bool:
+        """k2 fitted on traces (status fitted, or unidentifiable from one work level)."""
+        k2 = self.cal.k2_curve
+        return k2 is not None and k2.y_max.status in (FITTED, UNIDENTIFIABLE)
+
+    def node_share(self, ranks: np.ndarray) -> np.ndarray:
+        """Time-sharing factor of a job of ``ranks`` ranks: max(1, ranks on one node / slots)."""
+        on_node = np.minimum(np.asarray(ranks, dtype=float), float(self.gpus_per_node))
+        return np.maximum(1.0, on_node / self.slots_per_node)
 
 
 def dispatch_split(cal: Calibration) -> float:
@@ -85,7 +126,7 @@ def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) 
     group (ranks tp apart).  Depends only on the layout, so the search evaluates it on
     the (layouts x 1) slice of its grid and fits reuse it.
     """
-    cal, gpn = system.cal, system.gpus_per_node
+    cal, gpn = system.comm_cal, system.gpus_per_node
     d, L, s, V = (
         np.asarray(x, dtype=float) for x in (model.d_model, model.n_layers, model.seq_len, model.vocab)
     )
@@ -138,25 +179,31 @@ def evaluate(
     lps = L / p
     full = rc == F.FULL
 
+    # ranks sharing a node's compute slots run everything that much slower (1 on GPUs)
+    share = system.node_share(t * p * dp)
+    vec_passes = 0.0 if system.k2_covers_other_kernels else system.vector_passes
+
     # ---- compute, per layer and per micro-batch ----------------------------------------
     f_fwd = F.forward_flops_layer(b, s, d) / t
     f_train = F.training_flops_layers(b, s, d, 1.0, rc) / t
     x = f_fwd / 6.0  # mean FLOPs of the six forward matmuls of a layer
     eff, k1, k2 = cal.gemm_efficiency(x), cal.k1(x), cal.k2(x)
-    vec_bytes = F.vector_traffic_bytes_layer(b, s, d, a, t, sp, rc, st.flash_attention, system.vector_passes)
-    layer_tr = f_train / (peak * eff) + vec_bytes / (hw.hbm_tbps * 1e12)
+    vec_bytes = F.vector_traffic_bytes_layer(b, s, d, a, t, sp, rc, st.flash_attention, vec_passes)
+    layer_tr = share * (f_train / (peak * eff) + vec_bytes / (hw.hbm_tbps * 1e12))
     layer_kernel = layer_tr / k2
     layer_compute = layer_kernel / k1
 
     f_head = F.lm_head_flops(b, s, d, V) / t
     x_head = f_head / 3.0
     eh, k1h, k2h = cal.gemm_efficiency(x_head), cal.k1(x_head), cal.k2(x_head)
-    head_tr = f_head / (peak * eh)
+    head_tr = share * f_head / (peak * eh)
     head_kernel = head_tr / k2h
     head_compute = head_kernel / k1h
 
     # ---- communication (layout-level arrays; cached across fits) -----------------------
     c = comm if comm is not None else comm_times(model, system, st)
+    if np.any(share != 1.0):
+        c = {k: v * share for k, v in c.items()}
     n_tp = np.where(full, 6.0, 4.0)
     tp_layer = n_tp * np.where(sp, c["tp_ag_s"] + c["tp_rs_s"], c["tp_ar_s"])
     pp_mb = 2.0 * v * c["pp_p2p_s"]
@@ -185,7 +232,9 @@ def evaluate(
 
     # ---- optimizer step (memory bound) -------------------------------------------------
     opt_params = params_gpu / np.where(z >= 1, dp, 1.0)
-    optimizer = opt_params * ADAM_STEP_BYTES_PER_PARAM / (hw.hbm_tbps * 1e12)
+    optimizer = share * opt_params * ADAM_STEP_BYTES_PER_PARAM / (hw.hbm_tbps * 1e12)
+    if system.k2_covers_other_kernels:
+        optimizer = np.zeros_like(optimizer)
 
     iter_s = (pipeline + optimizer) + dp_exposed
 

@@ -41,8 +41,19 @@ def fit_system(
     *,
     where: dict[str, tuple[str, ...]] | None = None,
     peak_tflops: float | None = None,
+    gpus_per_node: int | None = None,
+    profiler_overhead: float | None = None,
 ) -> Calibration:
-    """Fit every factor the stored data of ``system`` supports."""
+    """Fit every factor the stored data of ``system`` supports.
+
+    ``peak_tflops``: the device's dense peak (the GEMM-efficiency denominator); without
+    it, the best sustained throughput of the system's ``calib bench gemm`` samples is
+    used (stated as such in the notes).  ``gpus_per_node``: devices per node (on a CPU
+    host: cores / threads per rank); default from the collective samples' rank lines.
+    ``profiler_overhead``: profiled / unprofiled step time of the traced runs (from the
+    capture's ``run_config.json`` step times); the excess is taken out of dispatch, so
+    k1 and the per-operator costs describe unprofiled steps.
+    """
     sel = select(Path(store), system, where or {})
     if sel.samples.empty and not sel.trace_runs:
         kinds = sorted({r.meta.kind for r in sel.runs})
@@ -54,9 +65,38 @@ def fit_system(
     where_txt = f"--system {system}"
     notes: list[str] = list(sel.notes)
     curves, networks, gpn, source = _network(sel, where_txt, notes)
+    if gpus_per_node:
+        if gpn and gpn != gpus_per_node:
+            notes.append(
+                f"gpus_per_node {gpus_per_node} as stated (the collective samples ran {gpn} ranks per node)"
+            )
+        gpn = int(gpus_per_node)
     if not gpn:
         gpn = 1
         notes.append("gpus_per_node unknown (only nccl-tests rank lines tell it); set to 1")
+    samples = compute.bench_gemm_samples(sel.runs)
+    dtype = compute.traced_gemm_dtype(sel.trace_runs)
+    peak_info = None
+    if peak_tflops is None and len(samples):
+        peak_info = compute.measured_peak(samples, dtype)
+        peak_tflops = peak_info.tflops
+        notes.append(
+            f"peak {peak_info.tflops:.4g} TFLOP/s = the best sustained matmul throughput measured by calib bench "
+            f"gemm ({peak_info.dtype} {peak_info.shape} on {peak_info.device}, best of {peak_info.samples} "
+            "shapes), not a datasheet peak: GEMM efficiencies are fractions of it"
+            + (f"; {peak_info.note}" if peak_info.note else "")
+        )
+    node_pts = compute.node_points(sel.trace_runs)
+    slots, slowdowns = compute.fit_compute_slots(node_pts, gpn, where=where_txt)
+    uncontended = (
+        tuple(r for r in sel.trace_runs if (r.meta.world_size or 1) <= max(slots.value, 1.0) + 1e-9)
+        or sel.trace_runs
+    )
+    if len(slowdowns):
+        notes.append(
+            f"compute slots per node {slots.value:.3g} ({slots.status}): {slots.note}; GEMM efficiency from the "
+            f"traces of runs with at most that many ranks per node ({len(uncontended)} of {len(sel.trace_runs)})"
+        )
     base = Calibration.defaults(
         system,
         gpus_per_node=gpn,
@@ -66,7 +106,23 @@ def fit_system(
         source="calib defaults",
     )
     defaults = {"k1": base.k1_curve, "k2": base.k2_curve, "gemm": base.gemm_efficiency_curve}
-    cf = compute.fit_compute(sel.trace_runs, peak_tflops=peak_tflops, defaults=defaults, where=where_txt)
+    cf = compute.fit_compute(
+        sel.trace_runs,
+        peak_tflops=peak_tflops,
+        defaults=defaults,
+        where=where_txt,
+        gemm_samples=samples,
+        gemm_dtype=peak_info.dtype if peak_info else dtype,
+        gemm_trace_runs=uncontended,
+        profiler_overhead=profiler_overhead,
+    )
+    if profiler_overhead:
+        notes.append(
+            f"profiler overhead {profiler_overhead:.3g}x (profiled / unprofiled step time, as stated) taken out of "
+            "the traces' dispatch time: k1 and dispatch costs describe unprofiled steps"
+            if profiler_overhead > 1
+            else f"profiler overhead {profiler_overhead:.3g} <= 1 stated: no correction"
+        )
     notes.extend(cf.notes)
     no_traces = f"no trace runs for {system}: needs `calib ingest TRACE --system {system}`"
     need_k = (
@@ -79,8 +135,9 @@ def fit_system(
     gemm = cf.gemm_efficiency or _as_default(
         base.gemm_efficiency_curve,
         (
-            "GEMM efficiency needs traces with record_shapes and --peak-tflops"
-            if sel.trace_runs
+            "GEMM efficiency needs traces with record_shapes (or calib bench gemm samples) and a peak "
+            "(--peak-tflops, or the benchmark's best)"
+            if sel.trace_runs or len(samples)
             else no_traces
         ),
     )
@@ -105,7 +162,12 @@ def fit_system(
         k1_curve=k1,
         k2_curve=k2,
         dispatch=dispatch,
-        provenance=_provenance(sel, source, cf.points),
+        provenance={
+            **_provenance(sel, source, cf.points),
+            **_node_provenance(slots, gpn, node_pts, slowdowns),
+            **({"gemm_points": _records(cf.gemm_points)} if cf.gemm_points is not None else {}),
+            **({"peak": {**peak_info.__dict__, "source": "calib bench gemm"}} if peak_info else {}),
+        },
         notes=tuple(notes),
         created=base.created,
         calib_version=_version(),
@@ -117,9 +179,13 @@ def _network(sel: Selection, where: str, notes: list[str]):
         return [], {}, None, ""
     versions = sorted(set(sel.samples["nccl_version"].astype(str)) - {""})
     setups = sorted(set(sel.samples["setup"].tolist()))
-    source = f"nccl-tests setup={','.join(map(str, setups))}" + (
-        f" nccl={','.join(versions)}" if versions else ""
-    )
+    kinds = sorted(set(sel.samples["source"].astype(str))) if "source" in sel.samples else []
+    if kinds == ["calib-bench"]:  # calib bench collectives: no nccl-tests setups or versions
+        source = "calib-bench"
+    else:
+        source = f"nccl-tests setup={','.join(map(str, setups))}" + (
+            f" nccl={','.join(versions)}" if versions else ""
+        )
     if sel.samples["nccl_version"].nunique() > 1:
         pooled = sorted(v or "unknown" for v in sel.samples["nccl_version"].astype(str).unique())
         notes.append(
@@ -143,6 +209,36 @@ def _network(sel: Selection, where: str, notes: list[str]):
     return curves, networks, gpn, source
 
 
+#: provenance key of the node model (read by analytic.source): compute slots per node
+NODE_KEY = "node"
+
+
+def _records(df: pd.DataFrame | None) -> list[dict]:
+    return df.replace({np.nan: None}).to_dict(orient="records") if df is not None and len(df) else []
+
+
+def _node_provenance(slots: Param, gpn: int, points: pd.DataFrame, slowdowns: pd.DataFrame) -> dict:
+    """How many ranks a node runs at full speed: the effective compute slots S (fit or bound).
+
+    r ranks on one node slow each other by max(1, r / S) (time-sharing of cores, or of a
+    device); S <= devices per node.  Kept under ``provenance["node"]`` (the calibration
+    contract has no field for it yet): {"compute_slots_per_node": Param, "devices_per_node",
+    "points", "slowdowns"}.
+    """
+    return {
+        NODE_KEY: {
+            "compute_slots_per_node": _clean_param(slots),
+            "devices_per_node": int(gpn),
+            "points": _records(points),
+            "slowdowns": _records(slowdowns),
+        }
+    }
+
+
+def _clean_param(p: Param) -> dict:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.__dict__.items()}
+
+
 def _as_default(curve: Saturating, note: str) -> Saturating:
     def d(p: Param) -> Param:
         return p if p.status == "fixed" else replace(p, status="default", note=note)
@@ -151,7 +247,11 @@ def _as_default(curve: Saturating, note: str) -> Saturating:
 
 
 def _device(sel: Selection) -> str | None:
+    """The devices the runs name; CPU-only traces say just "cpu", so a named processor
+    (from a benchmark run on the same system) replaces that generic word."""
     devices = sorted({d for r in sel.runs for d in r.meta.devices})
+    if "cpu" in devices and len(devices) > 1:
+        devices.remove("cpu")
     return ", ".join(devices) if devices else None
 
 

@@ -34,10 +34,30 @@ from ingest.store import calibration_path, check_name, default_store
 @click.option(
     "--peak-tflops",
     type=float,
-    help="Dense peak of one device in TFLOP/s (e.g. 312 for A100 BF16): the GEMM-efficiency denominator.",
+    help="Dense peak of one device in TFLOP/s (e.g. 312 for A100 BF16): the GEMM-efficiency denominator. "
+    "Default: the best sustained throughput of the system's `calib bench gemm` samples.",
+)
+@click.option(
+    "--gpus-per-node",
+    type=int,
+    help="Devices per node: GPUs, or on a CPU host cores / threads per rank (default: from the collective "
+    "samples' rank lines). Ranks beyond it on one node time-share its compute.",
+)
+@click.option(
+    "--profiler-overhead",
+    type=float,
+    help="Profiled / unprofiled step time of the traced runs (e.g. 1.15; the medians of the 'active' and "
+    "'after' step_times_s of the capture's run_config.json). Its excess is taken out of the traces' "
+    "dispatch time so the fit describes unprofiled steps.",
 )
 def fit(
-    system: str, store: Path | None, out: Path | None, where_items: tuple[str, ...], peak_tflops: float | None
+    system: str,
+    store: Path | None,
+    out: Path | None,
+    where_items: tuple[str, ...],
+    peak_tflops: float | None,
+    gpus_per_node: int | None,
+    profiler_overhead: float | None,
 ):
     """Fit the efficiency factors of SYSTEM and write NAME.calib.json.
 
@@ -51,6 +71,13 @@ def fit(
     matmul, and host dispatch seconds per operator.  Every parameter carries its
     standard error and status (fitted, default, unidentifiable, fixed); every fit its
     R^2, residuals and number of points.  Missing data keeps a stated default.
+
+    \b
+    From `calib bench gemm` samples: without --peak-tflops the peak is the best
+    sustained matmul throughput measured (stated as such), and the benchmarked shapes
+    join the traced matmuls on the GEMM-efficiency curve.  From traces of one model at
+    several ranks per node: the effective compute slots per node (ranks beyond them
+    time-share the node's cores or devices).
     """
     from calibrate.fit import fit_system
     from calibrate.select import parse_where
@@ -58,12 +85,23 @@ def fit(
     check_name("system", system)
     if peak_tflops is not None and not peak_tflops > 0:
         raise InputError("--peak-tflops", f"must be positive, got {peak_tflops}")
+    if profiler_overhead is not None and not profiler_overhead > 0:
+        raise InputError("--profiler-overhead", f"must be a positive ratio, got {profiler_overhead}")
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise InputError("--gpus-per-node", f"must be a positive integer, got {gpus_per_node}")
     store = store or default_store()
     if not Path(store).is_dir():
         raise InputError(
             "--store", f"{store} does not exist (ingest runs first: calib ingest PATH --system {system})"
         )
-    cal = fit_system(store, system, where=parse_where(where_items), peak_tflops=peak_tflops)
+    cal = fit_system(
+        store,
+        system,
+        where=parse_where(where_items),
+        peak_tflops=peak_tflops,
+        gpus_per_node=gpus_per_node,
+        profiler_overhead=profiler_overhead,
+    )
     target = out or calibration_path(store, system)
     if target.exists() and target.is_dir():
         raise InputError("--out", f"{target} is a directory")

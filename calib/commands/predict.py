@@ -210,6 +210,12 @@ Example:
     help="Overlap DP/ZeRO collectives with backward (and ZeRO-3 forward) compute.",
 )
 @click.option("--flash-attention", is_flag=True, help="Fused attention: no s x s activations kept or moved.")
+@click.option(
+    "--ranks-per-node",
+    type=Int(1),
+    help="Ranks launched per node (default: one per device, the calibration's GPUs per node); more ranks "
+    "than the node's compute slots (e.g. 4 gloo ranks on a 2-core host) time-share it.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (every column, units in the names).")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV (one row per GPU count).")
 @click.option(
@@ -220,7 +226,7 @@ Example:
 )
 def predict(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus, zero,
             tp, pp, interleave, micro_batch, global_batch, recompute, seq_parallel, dp_overlap, flash_attention,
-            as_json, as_csv, out):  # fmt: skip
+            ranks_per_node, as_json, as_csv, out):  # fmt: skip
     from analytic import output
     from analytic.formulas import recompute_code
     from analytic.predict import Plan
@@ -230,7 +236,7 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")
     model = resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab)
-    machine, notes = resolve_system(system, calibration, hardware, store)
+    machine, notes = resolve_system(system, calibration, hardware, store, ranks_per_node=ranks_per_node)
     plan = Plan(tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, global_batch=global_batch,
                 recompute=recompute_code(recompute), seq_parallel=seq_parallel, interleave=interleave,
                 dp_overlap=dp_overlap, flash_attention=flash_attention)  # fmt: skip
