@@ -11,10 +11,12 @@ asks the page for each image's decoded size, and captures the page as PNG into
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -83,10 +85,11 @@ class DevTools:
 
 def open_in_chromium(html: Path, shot: Path) -> tuple[dict, list[dict]]:
     """Load ``html``; return what the page reports about itself and every DevTools event."""
-    with tempfile.TemporaryDirectory(prefix="calib-chromium-") as profile:
+    # chromium's helper processes may still write to the profile while it shuts down
+    with tempfile.TemporaryDirectory(prefix="calib-chromium-", ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen(
             [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
         try:
             ws_url = None
@@ -123,7 +126,8 @@ def open_in_chromium(html: Path, shot: Path) -> tuple[dict, list[dict]]:
             dt.ws.close()
             return info, events
         finally:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the browser and all its helper processes
             proc.wait(timeout=30)
 
 
