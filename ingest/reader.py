@@ -18,8 +18,9 @@ import hashlib
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import compress
-from operator import attrgetter
+from operator import attrgetter, eq
 from pathlib import Path
 from typing import Annotated, Any, Union
 
@@ -139,7 +140,7 @@ _DECODER = msgspec.json.Decoder(TraceFile)
 _get_ts, _get_dur, _get_cat, _get_name = (attrgetter(a) for a in ("ts", "dur", "cat", "name"))
 _get_pid, _get_tid, _get_args = (attrgetter(a) for a in ("pid", "tid", "args"))
 _get_ph = attrgetter("ph")
-_IS_X, _IS_M = "X".__eq__, "M".__eq__
+_IS_X, _IS_M = partial(eq, "X"), partial(eq, "M")  # operator.eq: False, never NotImplemented
 _LIST_DECODER = msgspec.json.Decoder(list[Event])
 
 
