@@ -32,12 +32,12 @@ import pandas as pd
 from scipy.optimize import OptimizeWarning, curve_fit
 
 from calibrate.calibration import DEFAULT, FITTED, FIXED, UNIDENTIFIABLE, FitQuality, Param, Saturating
+from calibrate.levels import LEVEL_RATIO, work_levels  # noqa: F401 - re-exported
 from ingest.errors import InputError
 from ingest.rundir import Run
 from ingest.schema import TRANSFORMER_CLASSES
 
 MIN_LEVELS_GAMMA = 8
-LEVEL_RATIO = 1.5  # x values closer than this are one work level
 
 
 @dataclass(frozen=True)
@@ -140,21 +140,6 @@ def level_efficiency(shapes: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(
         {"x_flops": np.exp(agg["logx"]), "eff": agg["work"] / agg["time"], "shapes": agg["shapes"]}
     )
-
-
-def work_levels(x: np.ndarray) -> np.ndarray:
-    """Distinct work levels: sorted x values more than :data:`LEVEL_RATIO` apart.
-
-    Runs of one model under different frameworks differ by a few percent in mean FLOPs
-    per matmul; that is one level, not a curve.
-    """
-    xs = np.sort(np.asarray(x, dtype=float))
-    if not len(xs):
-        return xs
-    starts = np.concatenate([[True], xs[1:] / xs[:-1] > LEVEL_RATIO])
-    # a level is the geometric mean of its members
-    ids = np.cumsum(starts) - 1
-    return np.exp(np.bincount(ids, np.log(xs)) / np.bincount(ids))
 
 
 def _sat(x: np.ndarray, y_max: float, x_half: float, gamma: float) -> np.ndarray:
@@ -395,211 +380,13 @@ def default_note(param: Param, text: str) -> Param:
     return Param(param.value, stderr=None, unit=param.unit, status=DEFAULT, note=text)
 
 
-# ---- GEMM microbenchmark samples (``calib bench gemm``) ---------------------------------
-#: trace dtype names (Kineto ``Input type``) -> torch dtype names of ``gemm_samples``
-TRACE_DTYPES = {
-    "float": "float32",
-    "double": "float64",
-    "c10::Half": "float16",
-    "c10::BFloat16": "bfloat16",
-    "half": "float16",
-    "bfloat16": "bfloat16",
-}
-
-
-@dataclass(frozen=True)
-class MeasuredPeak:
-    """The best sustained matmul throughput of a system's GEMM benchmark.
-
-    Not a datasheet peak: the highest TFLOP/s any benchmarked shape sustained (each
-    sample is the median of repeated back-to-back calls), in the dtype the traces train
-    in when the benchmark ran it.  GEMM efficiencies are then fractions of this number.
-    """
-
-    tflops: float
-    dtype: str
-    shape: str
-    device: str
-    samples: int
-    note: str
-
-
-def bench_gemm_samples(runs: tuple[Run, ...]) -> pd.DataFrame:
-    """Every ``gemm_samples`` row of ``runs`` (bench runs of ``calib bench gemm``), with its run."""
-    frames = [r.table("gemm_samples").assign(run=r.meta.name) for r in runs if r.has("gemm_samples")]
-    if not frames:
-        return pd.DataFrame(
-            columns=["run", "device", "dtype", "m", "n", "k", "batch", "flops", "time_s", "tflops"]
-        )
-    g = pd.concat(frames, ignore_index=True)
-    return g[(g["time_s"] > 0) & (g["flops"] > 0) & np.isfinite(g["tflops"])].reset_index(drop=True)
-
-
-def traced_gemm_dtype(trace_runs: tuple[Run, ...]) -> str | None:
-    """The dtype (torch name) carrying most matmul FLOPs in the traces' ``gemms`` tables."""
-    frames = [r.table("gemms")[["dtype", "flops"]] for r in trace_runs if r.has("gemms")]
-    if not frames:
-        return None
-    g = pd.concat(frames, ignore_index=True)
-    if g.empty:
-        return None
-    top = str(g.groupby("dtype")["flops"].sum().idxmax())
-    return TRACE_DTYPES.get(top, top)
-
-
-def measured_peak(samples: pd.DataFrame, dtype: str | None) -> MeasuredPeak | None:
-    """The best sustained TFLOP/s of ``samples`` in ``dtype`` (else the fastest dtype benchmarked)."""
-    if samples.empty:
-        return None
-    dtypes = sorted(samples["dtype"].astype(str).unique())
-    note = ""
-    if dtype in dtypes:
-        use = dtype
-    else:
-        use = str(samples.groupby("dtype")["tflops"].max().idxmax())
-        note = (
-            f"the traces train in {dtype}, which the GEMM benchmark did not run; "
-            if dtype
-            else "no traced matmul dtype to match; "
-        ) + f"peak taken from {use} (benchmarked: {', '.join(dtypes)})"
-    s = samples[samples["dtype"].astype(str) == use]
-    best = s.loc[s["tflops"].idxmax()]
-    shape = f"{int(best['m'])}x{int(best['n'])}x{int(best['k'])}" + (
-        f" x{int(best['batch'])}" if int(best["batch"]) > 1 else ""
-    )
-    return MeasuredPeak(
-        tflops=float(best["tflops"]),
-        dtype=use,
-        shape=shape,
-        device=str(best["device"]),
-        samples=int(len(s)),
-        note=note,
-    )
-
-
-def bench_efficiency(samples: pd.DataFrame, peak_tflops: float, dtype: str) -> pd.DataFrame:
-    """GEMM efficiency points of the benchmark: x_flops (per call), eff = TFLOP/s / peak, shapes.
-
-    Repeated runs of one shape are one point (median TFLOP/s), like a work level of the traces.
-    """
-    s = samples[samples["dtype"].astype(str) == dtype]
-    if s.empty:
-        return pd.DataFrame(columns=["x_flops", "eff", "shapes"])
-    agg = s.groupby(["m", "n", "k", "batch"]).agg(x_flops=("flops", "first"), tflops=("tflops", "median"))
-    out = pd.DataFrame({"x_flops": agg["x_flops"], "eff": agg["tflops"] / peak_tflops, "shapes": 1})
-    return out.sort_values("x_flops", kind="stable").reset_index(drop=True)
-
-
-# ---- ranks sharing a node's compute ------------------------------------------------------
-def node_points(trace_runs: tuple[Run, ...]) -> pd.DataFrame:
-    """Per trace run: ranks on its node, framework, work level and compute seconds per GFLOP per rank.
-
-    Compute = the iteration's wall time less its exposed communication (``buckets``),
-    median over ranks and iterations; work = the matmul FLOPs of the rank's iteration.
-    Ingest records no host names, so a run's ranks are taken to share one node (true of
-    every locally launched CPU run); for GPU runs, where ranks never share a device, the
-    fit below then simply finds no slowdown.
-    """
-    rows = []
-    for run in trace_runs:
-        if not run.has("buckets"):
-            continue
-        b = run.table("buckets")
-        b = b[(b["gemm_flops"] > 0) & (b["wall_s"] > 0)]
-        if b.empty:
-            continue
-        compute = (b["wall_s"] - b["comm_exposed_s"]).clip(lower=0)
-        rows.append(
-            {
-                "run": run.meta.name,
-                "framework": run.meta.framework.name,
-                "ranks_per_node": int(run.meta.world_size or b["rank"].nunique()),
-                "x_flops": float(np.median(b["gemm_flops"] / b["n_gemms"].where(b["n_gemms"] > 0))),
-                "compute_s_per_gflop": float(np.median(compute / (b["gemm_flops"] / 1e9))),
-                "iterations": int(len(b)),
-            }
-        )
-    return pd.DataFrame(
-        rows,
-        columns=["run", "framework", "ranks_per_node", "x_flops", "compute_s_per_gflop", "iterations"],
-    )
-
-
-def _share(r: np.ndarray, slots: float) -> np.ndarray:
-    """Time-sharing factor of r ranks on ``slots`` compute slots: max(1, r / slots)."""
-    return np.maximum(1.0, r / slots)
-
-
-def fit_compute_slots(
-    points: pd.DataFrame, devices_per_node: int, *, where: str
-) -> tuple[Param, pd.DataFrame]:
-    """Effective compute slots per node S from the per-rank slowdown with ranks per node.
-
-    r ranks on a node with S slots (devices, or cores / threads per rank) each get
-    min(1, S / r) of one: per-rank compute time grows by max(1, r / S).  Runs of one
-    model and framework (same work level) at different r are compared with the one at
-    the fewest ranks: c_r / c_r0 = max(1, r/S) / max(1, r0/S).  Each comparison implies
-    an S in [1, devices_per_node]; S is their median (robust to a run caught by a burst
-    of load from other jobs).  With no slowdown S sits at the stated devices per node (a
-    bound, not a fit); with one ranks-per-node level it is that default.  Returns S and
-    the comparisons (run, r, r0, slowdown, implied_slots).
-    """
-    cols = ["run", "framework", "ranks_per_node", "base_ranks", "slowdown"]  # + implied_slots
-    dev = float(max(devices_per_node, 1))
-    default = Param(
-        dev,
-        unit="slots",
-        status=DEFAULT,
-        note=f"= devices per node ({devices_per_node}): no trace runs of one model at two ranks-per-node counts",
-    )
-    pts = points.dropna(subset=["x_flops", "compute_s_per_gflop"])
-    if pts.empty:
-        return default, pd.DataFrame(columns=cols)
-    level = np.zeros(len(pts), int)
-    xs = pts["x_flops"].to_numpy(float)
-    order = np.argsort(xs, kind="stable")
-    starts = np.concatenate([[True], xs[order][1:] / xs[order][:-1] > LEVEL_RATIO])
-    level[order] = np.cumsum(starts) - 1
-    pts = pts.assign(level=level)
-    base = pts.loc[pts.groupby(["framework", "level"])["ranks_per_node"].idxmin()]
-    merged = pts.merge(
-        base[["framework", "level", "ranks_per_node", "compute_s_per_gflop"]].rename(
-            columns={"ranks_per_node": "base_ranks", "compute_s_per_gflop": "base_s_per_gflop"}
-        ),
-        on=["framework", "level"],
-    )
-    cmp = merged[merged["ranks_per_node"] > merged["base_ranks"]]
-    cmp = cmp.assign(slowdown=cmp["compute_s_per_gflop"] / cmp["base_s_per_gflop"])
-    if cmp.empty:
-        return default, pd.DataFrame(columns=cols)
-    r = cmp["ranks_per_node"].to_numpy(float)
-    r0 = cmp["base_ranks"].to_numpy(float)
-    y = np.log(cmp["slowdown"].to_numpy(float))
-    grid = np.exp(np.linspace(0.0, np.log(dev), 2001)) if dev > 1 else np.array([1.0])
-    model = np.log(_share(r[None, :], grid[:, None]) / _share(r0[None, :], grid[:, None]))
-    # each comparison's own S (the grid point its slowdown implies; ties -> the largest S),
-    # then their median: one run caught by a burst of load on a shared host moves a
-    # least-squares fit, not the median
-    miss = np.abs(model - y[None, :])
-    own = grid[len(grid) - 1 - np.argmin(miss[::-1], axis=0)]
-    s = float(np.median(own))
-    rmax = int(r.max())
-    table = cmp[cols].reset_index(drop=True).assign(implied_slots=own)
-    slow = ", ".join(f"{a:.2f}x at {int(b)} vs {int(c)} ranks" for a, b, c in zip(cmp["slowdown"], r, r0))
-    if np.isclose(s, dev):
-        note = (
-            f"no slowdown beyond time-sharing of {devices_per_node} device(s) per node seen up to {rmax} ranks "
-            f"per node ({slow}); S = devices per node (a bound)"
-        )
-        return Param(dev, unit="slots", status=UNIDENTIFIABLE, note=note), table
-    n = len(own)
-    # the median's standard error: sqrt(pi / 2) * sigma / sqrt(n), sigma from the spread of the runs
-    stderr = float(np.sqrt(np.pi / 2) * np.std(own, ddof=1) / np.sqrt(n)) if n > 1 else None
-    status = FITTED
-    note = (
-        f"median over {n} comparison(s) of the slots each slowdown implies; per-rank compute slowdown {slow}"
-    )
-    if np.isclose(s, 1.0):
-        status = UNIDENTIFIABLE
-        note += "; at least as slow as one slot shared by all ranks (S = 1 is a bound)"
-    return Param(s, stderr=stderr, unit="slots", status=status, note=note), table
+# Re-exported: the measured peak and the compute slots live in their own modules.
+from calibrate.peak import (  # noqa: E402, F401
+    TRACE_DTYPES,
+    MeasuredPeak,
+    bench_efficiency,
+    bench_gemm_samples,
+    measured_peak,
+    traced_gemm_dtype,
+)
+from calibrate.slots import fit_compute_slots, node_points  # noqa: E402, F401
