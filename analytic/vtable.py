@@ -101,19 +101,7 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
             out[col] = out[col].where(out[col].notna() & (out[col].astype(str).str.strip() != ""), default)
     for col in INT_REQUIRED + ("interleave", "zero"):
         out[col] = _ints(out, col, where)
-    for col in (
-        "d_model",
-        "n_layers",
-        "n_heads",
-        "seq_len",
-        "vocab",
-        "gpus",
-        "tp",
-        "pp",
-        "micro_batch",
-        "global_batch",
-        "interleave",
-    ):
+    for col in INT_REQUIRED + ("interleave",):
         if (out[col] < 1).any():
             i = int(np.flatnonzero((out[col] < 1).to_numpy())[0])
             raise InputError(where, f"row {i + 1}: column '{col}' must be at least 1")

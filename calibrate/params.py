@@ -55,6 +55,17 @@ class FitQuality:
     residuals: tuple[float, ...] = ()  # relative residuals (pred/meas - 1) in point order
     note: str = ""
 
+    def summary(self, sep: str = " ") -> str:
+        """One line for people: points, R², max and held-out max relative error."""
+        parts = [f"n={self.n_points}"]
+        if self.r2 is not None:
+            parts.append(f"R²={self.r2:.4f}")
+        if self.max_abs_rel_err is not None:
+            parts.append(f"max|err|={self.max_abs_rel_err:.1%}")
+        if self.heldout_max_abs_rel_err is not None:
+            parts.append(f"held-out max|err|={self.heldout_max_abs_rel_err:.1%}")
+        return sep.join(parts)
+
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> FitQuality | None:
         if d is None:

@@ -194,13 +194,4 @@ def parameter_table(cal: Calibration) -> pd.DataFrame:
 
 
 def _quality(q) -> str:
-    if q is None:
-        return ""
-    parts = [f"n={q.n_points}"]
-    if q.r2 is not None:
-        parts.append(f"R²={q.r2:.4f}")
-    if q.max_abs_rel_err is not None:
-        parts.append(f"max|err| {100 * q.max_abs_rel_err:.1f}%")
-    if q.heldout_max_abs_rel_err is not None:
-        parts.append(f"held-out max|err| {100 * q.heldout_max_abs_rel_err:.1f}%")
-    return ", ".join(parts)
+    return "" if q is None else q.summary(", ")

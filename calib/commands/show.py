@@ -26,16 +26,7 @@ def _p(p: Param | None, scale: float = 1.0, fmt: str = "{:.4g}") -> str:
 
 
 def _q(q) -> str:
-    if q is None:
-        return "-"
-    parts = [f"n={q.n_points}"]
-    if q.r2 is not None:
-        parts.append(f"R²={q.r2:.4f}")
-    if q.max_abs_rel_err is not None:
-        parts.append(f"max|err|={q.max_abs_rel_err:.1%}")
-    if q.heldout_max_abs_rel_err is not None:
-        parts.append(f"held-out max|err|={q.heldout_max_abs_rel_err:.1%}")
-    return " ".join(parts)
+    return "-" if q is None else q.summary()
 
 
 def _curve(name: str, c: Saturating | None, lines: list[str]) -> None:
