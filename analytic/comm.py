@@ -17,10 +17,10 @@ placement on NVLink domains).
 from __future__ import annotations
 
 import numpy as np
+from calib.calibrate.calibration import Calibration
 from numpy.typing import ArrayLike
 
-from calibrate.calibration import Calibration
-from ingest.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, busbw_factor
+from calib.core.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, busbw_factor
 
 # ---- seed 004 volumes --------------------------------------------------------------------
 _VOLUME_FACTOR = {ALLREDUCE: 4.0, ALLGATHER: 2.0, REDUCESCATTER: 2.0, REDUCE: 2.0}

@@ -29,7 +29,7 @@ BYTES_PER_VALUE = 2  # fp16 / bf16 activations and gradients
 
 
 def recompute_code(name: str) -> int:
-    from ingest.errors import InputError
+    from calib.core.errors import InputError
 
     try:
         return RECOMPUTE_NAMES.index(name.strip().lower())

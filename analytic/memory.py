@@ -18,9 +18,8 @@ the fp32 logits of its micro-batch.
 from __future__ import annotations
 
 import numpy as np
+from calib.analytic import formulas as F
 from numpy.typing import ArrayLike
-
-from analytic import formulas as F
 
 BYTES_WEIGHT, BYTES_GRAD, BYTES_OPTIMIZER = 2.0, 2.0, 12.0
 LOGITS_BYTES = 4.0  # fp32 logits kept for the cross-entropy backward

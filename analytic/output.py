@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 TIME_COLUMNS = {
     "iter_s": "iter",

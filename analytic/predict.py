@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-
-from analytic import formulas as F
-from analytic.specs import ModelSpec
-from analytic.strategy import Strategies, check_config
-from analytic.timemodel import TIME_KEYS, System, evaluate
+from calib.analytic import formulas as F
+from calib.analytic.specs import ModelSpec
+from calib.analytic.strategy import Strategies, check_config
+from calib.analytic.timemodel import TIME_KEYS, System, evaluate
 
 GB = 1e9
 
@@ -51,7 +50,7 @@ class Prediction:
 def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Prediction:
     """Evaluate ``plan`` at every GPU count; raise InputError on the first invalid one."""
     if not gpus:
-        from ingest.errors import InputError
+        from calib.core.errors import InputError
 
         raise InputError("--gpus", "give at least one GPU count")
     gpus = sorted(set(gpus))

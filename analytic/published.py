@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from calib.analytic.specs import load_model
 
-from analytic.specs import load_model
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 FORMATS = ("canonical", "sc21", "korthikanti", "megatron2020", "mosaicml")
 

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-
-from analytic.specs import ModelSpec
-from analytic.strategy import Strategies
-from analytic.timemodel import System, evaluate
+from calib.analytic.specs import ModelSpec
+from calib.analytic.strategy import Strategies
+from calib.analytic.timemodel import System, evaluate
 
 CHUNK_STRATEGIES = 1 << 20  # strategies per evaluation chunk (bounds memory to ~1 GB)
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from analytic.specs import HardwareSpec, hardware_for_device, load_hardware
-from analytic.timemodel import System
-from calibrate.calibration import DEFAULT, Calibration, CollectiveCurve, Param
-from ingest import store as store_mod
-from ingest.errors import InputError
+from calib.analytic.specs import HardwareSpec, hardware_for_device, load_hardware
+from calib.analytic.timemodel import System
+from calib.calibrate.calibration import DEFAULT, Calibration, CollectiveCurve, Param
+
+from calib.core import store as store_mod
+from calib.core.errors import InputError
 
 
 def default_calibration(hw: HardwareSpec) -> Calibration:

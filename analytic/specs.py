@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 DATA_DIR = Path(__file__).with_name("data")
 MODELS_FILE = DATA_DIR / "models.yaml"

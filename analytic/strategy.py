@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
+from calib.analytic.formulas import RECOMPUTE_NAMES
+from calib.analytic.specs import ModelSpec
 
-from analytic.formulas import RECOMPUTE_NAMES
-from analytic.specs import ModelSpec
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -25,15 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+from calib.analytic import formulas as F
+from calib.analytic.comm import group_time_s, members_per_node
+from calib.analytic.memory import BYTES_GRAD, activations_bytes, memory_per_gpu
+from calib.analytic.pipeline import pipeline_time_s
+from calib.analytic.specs import HardwareSpec, ModelColumns, ModelSpec
+from calib.analytic.strategy import Strategies
+from calib.calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
 
-from analytic import formulas as F
-from analytic.comm import group_time_s, members_per_node
-from analytic.memory import BYTES_GRAD, activations_bytes, memory_per_gpu
-from analytic.pipeline import pipeline_time_s
-from analytic.specs import HardwareSpec, ModelColumns, ModelSpec
-from analytic.strategy import Strategies
-from calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
-from ingest.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, SENDRECV
+from calib.core.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, SENDRECV
 
 ADAM_STEP_BYTES_PER_PARAM = 28.0  # read+write fp32 master, m, v (24) + read grad (2) + write fp16 weight (2)
 VECTOR_PASSES = 5.0  # HBM traversals of the activation bytes by element-wise kernels (formulas)

@@ -18,16 +18,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
+from calib.analytic import formulas as F
+from calib.analytic.source import default_calibration
+from calib.analytic.specs import load_hardware
+from calib.analytic.strategy import Strategies, check_config, valid_mask
+from calib.analytic.timemodel import System, comm_times, evaluate
+from calib.analytic.vtable import model_columns
+from calib.calibrate.calibration import FIXED, FitQuality, Param, Saturating
 from scipy.optimize import least_squares
 
-from analytic import formulas as F
-from analytic.source import default_calibration
-from analytic.specs import load_hardware
-from analytic.strategy import Strategies, check_config, valid_mask
-from analytic.timemodel import System, comm_times, evaluate
-from analytic.vtable import model_columns
-from calibrate.calibration import FIXED, FitQuality, Param, Saturating
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 FITS = ("compute", "gemm", "ymax", "none")
 #: End-to-end times cannot separate the transformer-kernel share k2 from the GEMM
@@ -68,7 +68,7 @@ def check_rows(df: pd.DataFrame, where: str) -> None:
         return
     i = int(np.flatnonzero(~ok)[0])
     r = df.iloc[i]
-    from analytic.specs import ModelSpec
+    from calib.analytic.specs import ModelSpec
 
     model = ModelSpec(
         str(r["label"]),

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from calib.analytic.formulas import RECOMPUTE_NAMES
+from calib.analytic.specs import ModelColumns
 
-from analytic.formulas import RECOMPUTE_NAMES
-from analytic.specs import ModelColumns
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 MEASURES = ("measured_iter_s", "measured_tflops_per_gpu", "measured_tokens_per_s_per_gpu")
 CONVENTIONS = ("model", "hardware", "megatron_eq3")
@@ -163,7 +163,7 @@ def model_columns(df: pd.DataFrame) -> ModelColumns:
 
 def read_table(path: str | Path, fmt: str = "auto") -> tuple[pd.DataFrame, str]:
     """Read a canonical table or one of the published tables; return (table, format name)."""
-    from analytic import published
+    from calib.analytic import published
 
     path = Path(path)
     try:

@@ -38,7 +38,7 @@ def _median_time(fn, repeat: int) -> float:  # noqa: ANN001
 
 
 def bench_check(repeat: int) -> None:
-    from ingest.capture.check import check_run
+    from calib.ingest.capture.check import check_run
 
     trace = next(TRACE_DIR.glob("*.json.gz"))
     t_calib = _median_time(lambda: check_run(TRACE_DIR), repeat)
@@ -56,7 +56,7 @@ def bench_check(repeat: int) -> None:
 
 
 def _noop_rank(rank: int, world_size: int, init_file: str) -> None:
-    from ingest.capture.launch import init_local_rank
+    from calib.ingest.capture.launch import init_local_rank
 
     init_local_rank(rank, world_size, init_file, threads=1)
     import torch.distributed as dist
@@ -66,7 +66,7 @@ def _noop_rank(rank: int, world_size: int, init_file: str) -> None:
 
 
 def bench_start(repeat: int) -> None:
-    from ingest.capture.launch import spawn_local
+    from calib.ingest.capture.launch import spawn_local
 
     spawn_local(_noop_rank, 2)  # start the fork server once, as a generator run does
     t_fs = _median_time(lambda: spawn_local(_noop_rank, 2), repeat)
@@ -78,10 +78,9 @@ def bench_start(repeat: int) -> None:
 
 def bench_overhead(steps: int) -> None:
     import torch
-
-    from ingest.capture.model import TinyGPT, batch
-    from ingest.capture.profile import CaptureSettings, capture
-    from ingest.capture.spec import GPTShape
+    from calib.ingest.capture.model import TinyGPT, batch
+    from calib.ingest.capture.profile import CaptureSettings, capture
+    from calib.ingest.capture.spec import GPTShape
 
     torch.set_num_threads(1)
     shape = GPTShape(d=128, l=2, a=4, s=64, V=1024, b=4)

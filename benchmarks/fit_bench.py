@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from calib.calibrate.collectives import _segment_table, size_series
+from calib.ingest.nccl_tests import ingest_nccl_tests
 from scipy.optimize import nnls
 
-from calibrate.collectives import _segment_table, size_series
-from ingest.collective_names import busbw_factor
-from ingest.nccl_tests import ingest_nccl_tests
-from ingest.rundir import write_run
-from ingest.store import run_dir
+from calib.core.collective_names import busbw_factor
+from calib.core.rundir import write_run
+from calib.core.store import run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "fixtures" / "nccl-tests"
@@ -76,7 +76,7 @@ def main() -> None:
     print(f"  scipy nnls loop     {t_scipy * 1e3:8.3f} ms")
     print(f"  ratio scipy/calib   {t_scipy / t_calib:8.1f}x")
 
-    from calibrate.fit import fit_system
+    from calib.calibrate.fit import fit_system
 
     with tempfile.TemporaryDirectory() as tmp:
         write_run(run_dir(Path(tmp), "polaris", "polaris"), meta, tables)

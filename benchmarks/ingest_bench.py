@@ -31,8 +31,8 @@ _CALIB = textwrap.dedent(
     """
     import json, resource, sys, tempfile, time
     from pathlib import Path
-    from ingest.pipeline import IngestOptions, ingest
-    from ingest.rundir import write_run
+    from calib.ingest.pipeline import IngestOptions, ingest
+    from calib.core.rundir import write_run
     src, repeat = Path(sys.argv[1]), int(sys.argv[2])
     times = []
     for _ in range(repeat):

@@ -23,19 +23,18 @@ import statistics
 import time
 
 import numpy as np
-
-from analytic.search import OPTION_AXES, layouts, option_mask, options, search
-from analytic.source import default_calibration
-from analytic.specs import load_hardware, load_model
-from analytic.strategy import Strategies
-from analytic.timemodel import System, evaluate
+from calib.analytic.search import OPTION_AXES, layouts, option_mask, options, search
+from calib.analytic.source import default_calibration
+from calib.analytic.specs import load_hardware, load_model
+from calib.analytic.strategy import Strategies
+from calib.analytic.timemodel import System, evaluate
 
 CALCULON_PER_CORE = 400.0  # strategies/s/core, quoted (issue 4, seed 000), not measured
 
 
 def valid_strategies(model, gpus, B, space=None):
     """The valid strategies of the search grid as 1-D arrays (for the per-strategy loop)."""
-    from analytic.search import Space
+    from calib.analytic.search import Space
 
     space = space or Space()
     lay = layouts(model, gpus, B, space)

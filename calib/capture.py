@@ -11,5 +11,5 @@
 torch is imported only when a capture or benchmark runs.
 """
 
-from ingest.capture import *  # noqa: F403
-from ingest.capture import __all__  # noqa: F401
+from calib.ingest.capture import *  # noqa: F403
+from calib.ingest.capture import __all__  # noqa: F401

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 #: command name -> "module:attribute"; one module per command.
 COMMANDS: dict[str, str] = {

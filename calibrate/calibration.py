@@ -35,16 +35,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
-
-from calibrate.curves import (  # noqa: F401 - re-exported: the contract's public names
+from calib.calibrate.curves import (  # noqa: F401 - re-exported: the contract's public names
     CollectiveCurve,
     NetworkScaling,
     Segment,
     register_form,
     scaling_form,
 )
-from calibrate.params import (  # noqa: F401 - re-exported
+from calib.calibrate.params import (  # noqa: F401 - re-exported
     DEFAULT,
     FITTED,
     FIXED,
@@ -54,7 +52,9 @@ from calibrate.params import (  # noqa: F401 - re-exported
     Param,
     Saturating,
 )
-from ingest.collective_names import (
+from numpy.typing import ArrayLike
+
+from calib.core.collective_names import (
     ALLGATHER,
     ALLREDUCE,
     ALLTOALL,
@@ -65,7 +65,7 @@ from ingest.collective_names import (
     busbw_factor,
     canonical,
 )
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 CALIBRATION_FORMAT = "calib.calibration"
 CALIBRATION_SCHEMA_VERSION = 1

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-
-from calibrate.calibration import (
+from calib.calibrate.calibration import (
     FITTED,
     UNIDENTIFIABLE,
     CollectiveCurve,
@@ -33,7 +32,8 @@ from calibrate.calibration import (
     Param,
     Segment,
 )
-from ingest.collective_names import busbw_factor
+
+from calib.core.collective_names import busbw_factor
 
 MIN_SIZES = 3  # sizes per segment: two parameters and at least one degree of freedom
 MAX_SEGMENTS = 6

@@ -9,7 +9,7 @@ independent evidence):
   "Other" idle (waiting on synchronisation or data) is neither kernel nor dispatch and
   is left out, as in the paper's split.
 * k2 = (GEMM + attention kernel time) / kernel time (``kernels`` table, classes of
-  ``ingest.schema.TRANSFORMER_CLASSES``).
+  ``calib.core.schema.TRANSFORMER_CLASSES``).
 * GEMM efficiency = FLOPs / duration / peak of each matmul shape (``gemms`` table),
   the median over calls of a shape; needs the device's dense peak (``--peak-tflops``).
 * dispatch: intra-op and inter-op seconds per operator (``intra_op_s / n_ops``).
@@ -29,13 +29,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
+from calib.calibrate.calibration import DEFAULT, FITTED, FIXED, UNIDENTIFIABLE, FitQuality, Param, Saturating
+from calib.calibrate.levels import LEVEL_RATIO, work_levels  # noqa: F401 - re-exported
 from scipy.optimize import OptimizeWarning, curve_fit
 
-from calibrate.calibration import DEFAULT, FITTED, FIXED, UNIDENTIFIABLE, FitQuality, Param, Saturating
-from calibrate.levels import LEVEL_RATIO, work_levels  # noqa: F401 - re-exported
-from ingest.errors import InputError
-from ingest.rundir import Run
-from ingest.schema import TRANSFORMER_CLASSES
+from calib.core.errors import InputError
+from calib.core.rundir import Run
+from calib.core.schema import TRANSFORMER_CLASSES
 
 MIN_LEVELS_GAMMA = 8
 
@@ -381,7 +381,7 @@ def default_note(param: Param, text: str) -> Param:
 
 
 # Re-exported: the measured peak and the compute slots live in their own modules.
-from calibrate.peak import (  # noqa: E402, F401
+from calib.calibrate.peak import (  # noqa: E402, F401
     TRACE_DTYPES,
     MeasuredPeak,
     bench_efficiency,
@@ -389,4 +389,4 @@ from calibrate.peak import (  # noqa: E402, F401
     measured_peak,
     traced_gemm_dtype,
 )
-from calibrate.slots import fit_compute_slots, node_points  # noqa: E402, F401
+from calib.calibrate.slots import fit_compute_slots, node_points  # noqa: E402, F401

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from calib.calibrate import netmodel
+from calib.calibrate.params import FitQuality, Param
 from numpy.typing import ArrayLike
 
-from calibrate import netmodel
-from calibrate.params import FitQuality, Param
-from ingest.collective_names import busbw_factor
-from ingest.errors import InputError
+from calib.core.collective_names import busbw_factor
+from calib.core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import scipy
+from calib.calibrate import compute
+from calib.calibrate.calibration import Calibration, Param, Saturating
+from calib.calibrate.collectives import fit_series, size_series
+from calib.calibrate.network import fit_networks
+from calib.calibrate.select import Selection, needs_text, select
 
-from calibrate import compute
-from calibrate.calibration import Calibration, Param, Saturating
-from calibrate.collectives import fit_series, size_series
-from calibrate.network import fit_networks
-from calibrate.select import Selection, needs_text, select
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 
 def _version() -> str:

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ingest.collective_names import ALLREDUCE, ALLTOALL
+from calib.core.collective_names import ALLREDUCE, ALLTOALL
 
 FORM = "ring_tree"
 #: NCCL's tuner: tree bus bandwidth = 0.9 x ring (src/graph/tuning.cc, "busBw*.9")

@@ -22,10 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy.optimize import least_squares
-
-from calibrate import netmodel
-from calibrate.calibration import (
+from calib.calibrate import netmodel
+from calib.calibrate.calibration import (
     FITTED,
     FIXED,
     UNIDENTIFIABLE,
@@ -34,9 +32,11 @@ from calibrate.calibration import (
     NetworkScaling,
     Param,
 )
-from calibrate.collectives import SizeSeries
-from ingest.collective_names import ALLGATHER, ALLREDUCE, ALLTOALL, REDUCESCATTER, busbw_factor
-from ingest.errors import InputError
+from calib.calibrate.collectives import SizeSeries
+from scipy.optimize import least_squares
+
+from calib.core.collective_names import ALLGATHER, ALLREDUCE, ALLTOALL, REDUCESCATTER, busbw_factor
+from calib.core.errors import InputError
 
 TAIL_FRACTION = 0.75
 RING = (ALLREDUCE, ALLGATHER, REDUCESCATTER)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ingest.rundir import Run
+from calib.core.rundir import Run
 
 #: trace dtype names (Kineto ``Input type``) -> torch dtype names of ``gemm_samples``
 TRACE_DTYPES = {

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ingest.errors import InputError
-from ingest.rundir import Run
-from ingest.schema import KIND_TRACE, SAMPLES
-from ingest.store import list_runs, system_dir
+from calib.core.errors import InputError
+from calib.core.rundir import Run
+from calib.core.schema import KIND_TRACE, SAMPLES
+from calib.core.store import list_runs, system_dir
 
 RUN_KEY = "run"
 SAMPLE_KEYS = tuple(SAMPLES.names)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from calib.calibrate.levels import LEVEL_RATIO
+from calib.calibrate.params import DEFAULT, FITTED, UNIDENTIFIABLE, Param
 
-from calibrate.levels import LEVEL_RATIO
-from calibrate.params import DEFAULT, FITTED, UNIDENTIFIABLE, Param
-from ingest.rundir import Run
+from calib.core.rundir import Run
 
 
 def node_points(trace_runs: tuple[Run, ...]) -> pd.DataFrame:

@@ -3,6 +3,6 @@
 Nothing here imports a later stage (calibrate, analytic, reports) or the ``calib`` CLI.
 """
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 __all__ = ["InputError"]

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from calib.ingest.events import Events
+from calib.ingest.intervals import Nesting, sorted_unique, sweep
+from calib.ingest.timeline import CLASS_PRIORITY, MEMORY_CLASSES, Timeline
 
-from ingest.events import Events
-from ingest.intervals import Nesting, sorted_unique, sweep
-from ingest.schema import KERNEL_CLASSES
-from ingest.timeline import CLASS_PRIORITY, MEMORY_CLASSES, Timeline
+from calib.core.schema import KERNEL_CLASSES
 
 NS = 1e-9
 #: dispatch_ops label for intra-op time whose operators overlap without nesting

@@ -16,11 +16,11 @@ from typing import Any
 import msgspec
 import numpy as np
 import pandas as pd
+from calib.ingest.events import Events
+from calib.ingest.timeline import Timeline
 
-from ingest.collective_names import ALLGATHER, busbw_factor, canonical
-from ingest.events import Events
-from ingest.schema import empty_table
-from ingest.timeline import Timeline
+from calib.core.collective_names import ALLGATHER, busbw_factor, canonical
+from calib.core.schema import empty_table
 
 _KERNEL_RE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)")
 _KERNEL_DTYPE_RE = re.compile(r"_(?:Sum|Prod|Max|Min|Avg|PreMulSum|SumPostDiv)_([A-Za-z0-9_]+?)(?:\(|$)")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ingest.schema import empty_table
+from calib.core.schema import empty_table
 
 BY_SEQ, BY_ORDER = "seq", "order"
 _KEY = ["pg", "matched_by", "seq_key", "collective", "bytes", "it_key"]

@@ -13,8 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 import numpy as np
-
-from ingest.reader import Args, RawTrace
+from calib.ingest.reader import Args, RawTrace
 
 KERNEL, MEMCPY, MEMSET, RUNTIME, OP, ANNOTATION, GPU_ANNOTATION, OTHER = range(8)
 DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)

@@ -29,9 +29,10 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ingest.errors import InputError
-from ingest.memory import MemoryBudget, default_budget
-from ingest.rules import DEFAULT_RULES, Rules
+from calib.ingest.memory import MemoryBudget, default_budget
+from calib.ingest.rules import DEFAULT_RULES, Rules
+
+from calib.core.errors import InputError
 
 EXECUTORS = ("local", "dask")
 #: Dask pauses a worker at 80 % of its memory limit: keep a task's budget below that
@@ -104,7 +105,7 @@ def cpu_count() -> int:
 
 def run_job(index: int, job: RankJob) -> _Outcome:
     """The worker side: ingest one rank.  Module-level so every executor can ship it."""
-    from ingest.pipeline import ingest_rank
+    from calib.ingest.pipeline import ingest_rank
 
     try:
         result = ingest_rank(job.path, job.rank_hint, job.rules, memory_budget_bytes=job.memory_budget_bytes)
@@ -160,7 +161,7 @@ def _mp_context() -> multiprocessing.context.BaseContext:
     if main_file is not None and not Path(main_file).is_file():
         return multiprocessing.get_context("fork")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["ingest.pipeline", "ingest.stream"])
+    ctx.set_forkserver_preload(["calib.ingest.pipeline", "calib.ingest.stream"])
     return ctx
 
 

@@ -15,11 +15,11 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+from calib.ingest.events import ANNOTATION, OP, Events
+from calib.ingest.intervals import inside_any
 
-from ingest.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, canonical
-from ingest.events import ANNOTATION, OP, Events
-from ingest.intervals import inside_any
-from ingest.schema import Framework, ProcessGroup
+from calib.core.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, canonical
+from calib.core.schema import Framework, ProcessGroup
 
 _SIGNATURES = (
     (
@@ -47,7 +47,7 @@ _OPTIMIZER = re.compile(r"^Optimizer\.step#|^optimizer$")
 
 
 def process_groups(dist_info: dict[str, Any]) -> tuple[ProcessGroup, ...]:
-    from ingest.collectives import pg_role
+    from calib.ingest.collectives import pg_role
 
     out = []
     for pg in dist_info.get("pg_config") or []:

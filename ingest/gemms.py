@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from calib.ingest.collectives import _decode_many
+from calib.ingest.events import Events
+from calib.ingest.timeline import Timeline
 
-from ingest.collectives import _decode_many
-from ingest.events import Events
-from ingest.schema import empty_table
-from ingest.timeline import Timeline
+from calib.core.schema import empty_table
 
 #: op name -> positions of (A, B) in Input Dims; C = A @ B with A (..., m, k), B (..., k, n)
 MATMUL_OPS = {

@@ -47,15 +47,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from calib.ingest import buckets as _buckets
+from calib.ingest import collectives as _collectives
+from calib.ingest.events import ANNOTATION, OP, RUNTIME, Events, normalise, profiler_steps
+from calib.ingest.reader import read_trace
+from calib.ingest.rules import DEFAULT_RULES, Rules
+from calib.ingest.timeline import MEMORY_CLASSES, Timeline
+from calib.ingest.timeline import build as build_timeline
 
-from ingest import buckets as _buckets
-from ingest import collectives as _collectives
-from ingest.events import ANNOTATION, OP, RUNTIME, Events, normalise, profiler_steps
-from ingest.reader import read_trace
-from ingest.rules import DEFAULT_RULES, Rules
-from ingest.schema import KERNEL_CLASSES
-from ingest.timeline import MEMORY_CLASSES, Timeline
-from ingest.timeline import build as build_timeline
+from calib.core.schema import KERNEL_CLASSES
 
 US = 1e6  # seconds -> µs
 
@@ -246,7 +246,7 @@ def _published_iterations(buckets: pd.DataFrame) -> np.ndarray:
 
 def _calib_rank(path: Path, span: str, rules: Rules) -> list[tuple[str, str, float]]:
     if span == "published":
-        from ingest.pipeline import ingest_rank
+        from calib.ingest.pipeline import ingest_rank
 
         r = ingest_rank(path, rules=rules)
         b, k, c = (r.tables[t] for t in ("buckets", "kernels", "collectives"))

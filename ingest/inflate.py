@@ -15,8 +15,9 @@ import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from ingest.errors import InputError
-from ingest.reader import MAX_INFLATE_RATIO
+from calib.ingest.reader import MAX_INFLATE_RATIO
+
+from calib.core.errors import InputError
 
 try:
     from isal import isal_zlib as _zlib

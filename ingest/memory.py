@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 #: share of the available memory the default budget takes
 DEFAULT_FRACTION = 0.5

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ingest.collective_names import UNKNOWN, busbw_factor, canonical
-from ingest.errors import InputError
-from ingest.schema import KIND_NCCL_TESTS, SAMPLES, RunMeta, SourceFile
+from calib.core.collective_names import UNKNOWN, busbw_factor, canonical
+from calib.core.errors import InputError
+from calib.core.schema import KIND_NCCL_TESTS, SAMPLES, RunMeta, SourceFile
 
 SOURCE = "nccl-tests"
 HEAD_BYTES = 8192

@@ -18,19 +18,19 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from calib.ingest import buckets as _buckets
+from calib.ingest import collectives as _collectives
+from calib.ingest import frameworks as _frameworks
+from calib.ingest import gemms as _gemms
+from calib.ingest.capture.runconfig import RUN_CONFIG_NAME
+from calib.ingest.events import Events, normalise
+from calib.ingest.executors import ExecutorSpec, RankJob, run_jobs
+from calib.ingest.reader import InflateLimit, RawTrace, read_trace, sniff
+from calib.ingest.rules import DEFAULT_RULES, Rules
+from calib.ingest.timeline import build as build_timeline
 
-from ingest import buckets as _buckets
-from ingest import collectives as _collectives
-from ingest import frameworks as _frameworks
-from ingest import gemms as _gemms
-from ingest.capture.runconfig import RUN_CONFIG_NAME
-from ingest.errors import InputError
-from ingest.events import Events, normalise
-from ingest.executors import ExecutorSpec, RankJob, run_jobs
-from ingest.reader import InflateLimit, RawTrace, read_trace, sniff
-from ingest.rules import DEFAULT_RULES, Rules
-from ingest.schema import KIND_TRACE, Framework, ProcessGroup, RunMeta, SourceFile
-from ingest.timeline import build as build_timeline
+from calib.core.errors import InputError
+from calib.core.schema import KIND_TRACE, Framework, ProcessGroup, RunMeta, SourceFile
 
 FRAMEWORKS = ("ddp", "fsdp", "fsdp2", "deepspeed", "megatron", "zero", "pytorch", "unknown")
 _TRACE_SUFFIXES = (".json", ".json.gz")
@@ -155,7 +155,7 @@ def _read(path: Path, budget: int | None) -> tuple[RawTrace, Events, list[str]]:
     The gzip trailer's size decides, but it can lie (or wrap at 4 GiB), so the in-memory
     inflate is bounded too and falls back to streaming when it overruns.
     """
-    from ingest import memory
+    from calib.ingest import memory
 
     if budget is None:
         raw = read_trace(path)
@@ -166,7 +166,7 @@ def _read(path: Path, budget: int | None) -> tuple[RawTrace, Events, list[str]]:
             return raw, normalise(raw), []
         except InflateLimit:
             pass
-    from ingest.stream import read_streaming
+    from calib.ingest.stream import read_streaming
 
     raw, ev = read_streaming(path, memory.batch_bytes(budget), budget_bytes=budget)
     note = (
@@ -196,7 +196,7 @@ def find_inputs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path], li
     Files named explicitly must be one or the other.  Inside directories, files that are
     neither (host lists, READMEs) are skipped and reported in the returned notes.
     """
-    from ingest.nccl_tests import looks_like_nccl_tests
+    from calib.ingest.nccl_tests import looks_like_nccl_tests
 
     traces: list[Path] = []
     logs: list[Path] = []
@@ -264,7 +264,7 @@ def ingest(
     notes = [*notes, *sidecar_notes]
     name = options.name or _default_name(paths)
     if logs:
-        from ingest.nccl_tests import ingest_nccl_tests
+        from calib.ingest.nccl_tests import ingest_nccl_tests
 
         meta, tables = ingest_nccl_tests(logs, name=name, system=options.system)
         return replace(meta, notes=(*meta.notes, *notes)), tables
@@ -281,8 +281,8 @@ def apply_run_config(paths: Sequence[str | Path], options: IngestOptions) -> tup
     system, run name, framework and ZeRO stage (which traces cannot always tell) and the
     model shape.  Command-line options take precedence over it.
     """
-    from ingest.capture.runconfig import RUN_CONFIG_NAME as _NAME
-    from ingest.capture.runconfig import read_run_config
+    from calib.ingest.capture.runconfig import RUN_CONFIG_NAME as _NAME
+    from calib.ingest.capture.runconfig import read_run_config
 
     dirs = [Path(p) for p in paths if Path(p).is_dir() and (Path(p) / _NAME).is_file()]
     if len(dirs) != 1:
@@ -299,7 +299,7 @@ def apply_run_config(paths: Sequence[str | Path], options: IngestOptions) -> tup
     shape = {k: v for k, v in model.items() if k in ("d", "l", "a", "s", "V", "b") and isinstance(v, int)}
     system = options.system or (cfg.get("system") if isinstance(cfg.get("system"), str) else None)
     if system is not None:
-        from ingest.store import check_name
+        from calib.core.store import check_name
 
         check_name("system", system)
     updated = replace(
@@ -344,7 +344,7 @@ def assemble(
         for key in ("buckets", "kernels", "kernel_stats", "dispatch_ops", "collectives", "gemms")
     }
     if len(results) > 1:
-        from ingest import crossrank
+        from calib.ingest import crossrank
 
         tables["crossrank"] = crossrank.compute(tables["collectives"])
     groups = results[0].groups
@@ -388,7 +388,7 @@ def _rank_hints(files: list[Path]) -> list[int]:
 
 
 def _default_name(paths: Sequence[str | Path]) -> str:
-    from ingest.store import safe_name
+    from calib.core.store import safe_name
 
     first = Path(paths[0])
     name = safe_name(first.name if first.name else first.resolve().name)

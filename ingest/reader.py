@@ -27,7 +27,7 @@ from typing import Annotated, Any, Union
 import msgspec
 import numpy as np
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 try:  # ISA-L inflates gzip about 1.7x faster than zlib, with the same API
     from isal import isal_zlib as _zlib

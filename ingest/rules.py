@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest.errors import InputError
-from ingest.schema import KERNEL_CLASSES
+from calib.core.errors import InputError
+from calib.core.schema import KERNEL_CLASSES
 
 #: (pattern, class) for device kernels and host compute ops, first match wins.
 KERNEL_CLASS_RULES: tuple[tuple[str, str], ...] = (
@@ -123,7 +123,7 @@ class Rules:
         return np.fromiter((combined.search(n) is not None for n in names), dtype=bool, count=len(names))
 
     def kernel_class(self, names: Sequence[str]) -> np.ndarray:
-        """Class index (into :data:`ingest.schema.KERNEL_CLASSES`) for each unique name."""
+        """Class index (into :data:`calib.core.schema.KERNEL_CLASSES`) for each unique name."""
         out = np.full(len(names), KERNEL_CLASSES.index("other"), dtype=np.int8)
         todo = np.ones(len(names), dtype=bool)
         for pattern, cls in self.kernel_classes:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+from calib.ingest.reader import Event, TraceFile, _FastEvent
 
-from ingest.errors import InputError
-from ingest.reader import Event, TraceFile, _FastEvent
+from calib.core.errors import InputError
 
 #: the non-event parts of a trace (deviceProperties, distributedInfo, ...) are kilobytes,
 #: and one event is at most kilobytes too; a buffer that grows past this without an event

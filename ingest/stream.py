@@ -24,12 +24,10 @@ from typing import Any
 
 import msgspec
 import numpy as np
-
-from ingest.errors import InputError
-from ingest.events import Events, normalise
-from ingest.inflate import Inflated, prefetched
-from ingest.memory import STREAMED_BYTES_PER_EVENT, human
-from ingest.reader import (
+from calib.ingest.events import Events, normalise
+from calib.ingest.inflate import Inflated, prefetched
+from calib.ingest.memory import STREAMED_BYTES_PER_EVENT, human
+from calib.ingest.reader import (
     MAX_SPAN_US,
     Args,
     Event,
@@ -38,7 +36,9 @@ from ingest.reader import (
     _columns,
     _FastTraceFile,
 )
-from ingest.splitter import Splitter
+from calib.ingest.splitter import Splitter
+
+from calib.core.errors import InputError
 
 _ID_FIELDS = ("correlation", "external_id")
 _RAW_FIELDS = tuple(f for f in Args.__struct_fields__ if isinstance(getattr(Args(), f), msgspec.Raw))

@@ -16,11 +16,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from calib.ingest.events import (
+    ANNOTATION,
+    DEVICE_KINDS,
+    MEMCPY,
+    MEMSET,
+    OP,
+    OTHER,
+    RUNTIME,
+    Events,
+    profiler_steps,
+)
+from calib.ingest.intervals import THREAD_STRIDE, Nesting, inside_any, sorted_unique
+from calib.ingest.rules import Rules
 
-from ingest.events import ANNOTATION, DEVICE_KINDS, MEMCPY, MEMSET, OP, OTHER, RUNTIME, Events, profiler_steps
-from ingest.intervals import THREAD_STRIDE, Nesting, inside_any, sorted_unique
-from ingest.rules import Rules
-from ingest.schema import KERNEL_CLASSES
+from calib.core.schema import KERNEL_CLASSES
 
 # Priority of kernel classes on the timeline when kernels of several classes overlap.
 CLASS_PRIORITY = (

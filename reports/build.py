@@ -15,14 +15,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+from calib.reports import html, markdown
+from calib.reports.document import Report, Section, Text
+from calib.reports.inputs import Inputs
+from calib.reports.predictions import Predictions
+from calib.reports.progress import Steps
+from calib.reports.spec import PredictSpec, default_spec
 
-from ingest.errors import InputError
-from reports import html, markdown
-from reports.document import Report, Section, Text
-from reports.inputs import Inputs
-from reports.predictions import Predictions
-from reports.progress import Steps
-from reports.spec import PredictSpec, default_spec
+from calib.core.errors import InputError
 
 REPORT_FILE = "report.html"
 #: what a report directory holds; anything else in --out means it is not ours to replace
@@ -40,7 +40,7 @@ def _version() -> str:
 
 def machine_for(inputs: Inputs, spec: PredictSpec | None, notes: list[str]):
     """The analytic System to predict with, or None (then only validation can run)."""
-    from analytic.source import resolve_system
+    from calib.analytic.source import resolve_system
 
     hardware = spec.hardware if spec else None
     if inputs.calibration_path is not None:
@@ -54,7 +54,7 @@ def machine_for(inputs: Inputs, spec: PredictSpec | None, notes: list[str]):
 
 
 def predictions(inputs: Inputs, spec: PredictSpec, steps: Steps) -> Predictions | None:
-    from reports import predictions as P
+    from calib.reports import predictions as P
 
     notes: list[str] = []
     steps.step("machine")
@@ -87,7 +87,7 @@ def predictions(inputs: Inputs, spec: PredictSpec, steps: Steps) -> Predictions 
 
 def summary(inputs: Inputs, pred: Predictions | None) -> list[str]:
     """A few sentences a reader can act on, each traceable to a figure below."""
-    from reports.fig_runs import dissection_frame, overview
+    from calib.reports.fig_runs import dissection_frame, overview
 
     out: list[str] = []
     trace = [r for r in inputs.runs if r.meta.kind == "trace" and r.has("buckets")]
@@ -146,7 +146,7 @@ def summary(inputs: Inputs, pred: Predictions | None) -> list[str]:
             out.append(f"{pred.maps.spec.model} on {pred.maps.spec.gpus} GPUs: fastest TP × PP layout TP={int(b['tp'])} "
                        f"PP={int(b['pp'])} DP={int(b['dp'])} ({b['iter_s']:.2f} s/iter, {100 * b['comm_share']:.0f} % exposed comm).")  # fmt: skip
     if pred is not None and pred.search is not None and not pred.search.top.empty:
-        from reports.fig_strategy import strategy_label
+        from calib.reports.fig_strategy import strategy_label
 
         r = pred.search.top.iloc[0]
         out.append(f"Best of {pred.search.n_strategies:,} strategies for {pred.search.spec.model} on {pred.search.spec.gpus} "
@@ -161,13 +161,13 @@ def summary(inputs: Inputs, pred: Predictions | None) -> list[str]:
 
 
 def make_report(inputs: Inputs, spec: PredictSpec | None, title: str | None = None) -> Report:
-    from reports.sections import calibration_section, runs_section
-    from reports.sections_predict import scaling_section, strategy_section, validation_section
+    from calib.reports.sections import calibration_section, runs_section
+    from calib.reports.sections_predict import scaling_section, strategy_section, validation_section
 
     with Steps(8, "report") as steps:
         steps.step("runs")
-        from reports.sections import render_figure
-        from reports.style import colour_key
+        from calib.reports.sections import render_figure
+        from calib.reports.style import colour_key
 
         key_fig = render_figure("colour-key", "Colour key",
                                 "One colour per time bucket in every figure of this report.", colour_key())  # fmt: skip
@@ -256,7 +256,7 @@ def write_report(report: Report, out: Path) -> Path:
 
 def resolve_spec(text: str | None, inputs: Inputs) -> PredictSpec | None:
     """``--predict`` as given; without it, the default spec when there is a calibration."""
-    from reports.spec import load_spec
+    from calib.reports.spec import load_spec
 
     spec = load_spec(text)
     if spec is None and inputs.calibration is not None:

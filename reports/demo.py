@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MARKER = ".calib-demo"
@@ -79,13 +79,14 @@ def prepare(out: Path) -> Path:
 
 def run_demo(out: Path, fixtures: Path = FIXTURES, echo: Callable[[str], None] = print) -> Path:
     """Run the pipeline; return the report's path.  ``echo`` gets one plain line per step."""
-    from calibrate.fit import fit_system
-    from ingest.pipeline import IngestOptions
-    from ingest.pipeline import ingest as run_ingest
-    from ingest.rundir import write_run
-    from ingest.store import calibration_path, run_dir
-    from reports.build import make_report, resolve_spec, write_report
-    from reports.inputs import gather
+    from calib.calibrate.fit import fit_system
+    from calib.ingest.pipeline import IngestOptions
+    from calib.ingest.pipeline import ingest as run_ingest
+    from calib.reports.build import make_report, resolve_spec, write_report
+    from calib.reports.inputs import gather
+
+    from calib.core.rundir import write_run
+    from calib.core.store import calibration_path, run_dir
 
     fixtures = Path(fixtures).resolve()
     missing = [p for r in RUNS for p in r.paths if not (fixtures / p).exists()]

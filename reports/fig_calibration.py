@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import numpy as np
 import pandas as pd
+from calib.calibrate.calibration import Calibration, Param
+from calib.reports import style as S
 
-from calibrate.calibration import Calibration, Param
-from ingest.collective_names import busbw_factor
-from reports import style as S
+from calib.core.collective_names import busbw_factor
 
 SCALE_SHADES = ("#1b9e77", "#7570b3", "#d95f02", "#e7298a", "#66a61e", "#a6761d")
 

@@ -1,7 +1,7 @@
 """Figures and tables of traced runs: buckets per rank and iteration (seed 004 Fig. 10,
 12-14 style), kernel-class shares (Table 6 style) and the compute dissection across runs.
 
-Every function takes runs read through ``ingest.rundir`` and returns a :class:`Drawn`
+Every function takes runs read through ``calib.core.rundir`` and returns a :class:`Drawn`
 (figure + the numbers drawn) or a table; names from traces are passed through
 :func:`reports.style.short` for axes and are escaped by the HTML/Markdown writers.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from calib.calibrate.calibration import Calibration
+from calib.reports import style as S
 
-from calibrate.calibration import Calibration
-from ingest.rundir import Run
-from ingest.schema import KERNEL_CLASSES
-from reports import style as S
+from calib.core.rundir import Run
+from calib.core.schema import KERNEL_CLASSES
 
 MAX_BARS = 96  # above this, iterations are averaged per rank
 
@@ -111,7 +111,7 @@ def class_shares(runs: list[Run]) -> S.Drawn | None:
 
 def dissection_frame(runs: list[Run]) -> pd.DataFrame:
     """Per run: kernel / intra-op / inter-op shares of compute (seed 004 Fig. 10), k1, k2, x."""
-    from calibrate.compute import run_points
+    from calib.calibrate.compute import run_points
 
     rows = []
     pts = run_points(tuple(runs)).set_index("run") if runs else pd.DataFrame()

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-
-from reports import style as S
+from calib.reports import style as S
 
 
 def zero_bars(table: pd.DataFrame, zero: int) -> S.Drawn | None:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from calib.reports import style as S
+from calib.reports.predictions import Maps, SearchOut, ValidationOut
 from matplotlib.colors import LogNorm
-
-from reports import style as S
-from reports.predictions import Maps, SearchOut, ValidationOut
 
 
 def _heatmap(ax, df: pd.DataFrame, rows: str, cols: str, title: str, xlabel: str, norm) -> object:

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from calib.reports import style as S
 
-from ingest.rundir import Run
-from reports import style as S
+from calib.core.rundir import Run
 
 RUNTIME_CUTOFF_US = 50  # HTA defaults: launch calls slower than this are outliers
 LAUNCH_DELAY_CUTOFF_US = 100

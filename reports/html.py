@@ -10,8 +10,7 @@ import struct
 from html import escape
 
 import pandas as pd
-
-from reports.document import Figure, Report, Section, Table, Text, table_rows
+from calib.reports.document import Figure, Report, Section, Table, Text, table_rows
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 

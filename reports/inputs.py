@@ -1,7 +1,7 @@
 """What a report is about: runs, a system's calibration and the data it was fitted on.
 
-Everything is read through the other stages' contracts (``ingest.rundir.read_run``,
-``ingest.store``, ``Calibration.load``, ``calibrate.select``); a run that is missing or
+Everything is read through the other stages' contracts (``calib.core.rundir.read_run``,
+``calib.core.store``, ``Calibration.load``, ``calibrate.select``); a run that is missing or
 from a newer schema, or a calibration that cannot be read, is an :class:`InputError`
 (one line, exit 2) before anything is drawn or written.
 """
@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibrate.calibration import Calibration
-from ingest.errors import InputError
-from ingest.rundir import Run, read_run
-from ingest.schema import KIND_TRACE
-from ingest.store import calibration_path, check_name, list_runs, list_systems, run_dir
+from calib.calibrate.calibration import Calibration
+
+from calib.core.errors import InputError
+from calib.core.rundir import Run, read_run
+from calib.core.schema import KIND_TRACE
+from calib.core.store import calibration_path, check_name, list_runs, list_systems, run_dir
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,8 @@ def gather(
 def measured_series(cal: Calibration, store: Path) -> tuple[tuple, str]:
     """The per-size medians the calibration's curves were fitted to, re-selected from the store
     with the fit's own ``where`` (so the points drawn are exactly the fit's data)."""
-    from calibrate.collectives import size_series
-    from calibrate.select import select
+    from calib.calibrate.collectives import size_series
+    from calib.calibrate.select import select
 
     prov = cal.provenance or {}
     system = prov.get("system") or cal.system

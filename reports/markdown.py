@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from html import escape
 
-from reports.document import Figure, Report, Section, Table, Text, table_rows
+from calib.reports.document import Figure, Report, Section, Table, Text, table_rows
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]{}()#+!|~>])")
 

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from calib.analytic.predict import Plan, predict
+from calib.analytic.search import Space, search
+from calib.analytic.specs import load_model
+from calib.analytic.strategy import Strategies, valid_mask
+from calib.analytic.timemodel import System, evaluate
+from calib.reports.spec import MapSpec, PredictSpec, ScalingSpec, SearchSpec, ValidateSpec, table_path
 
-from analytic.predict import Plan, predict
-from analytic.search import Space, search
-from analytic.specs import load_model
-from analytic.strategy import Strategies, valid_mask
-from analytic.timemodel import System, evaluate
-from ingest.errors import InputError
-from reports.spec import MapSpec, PredictSpec, ScalingSpec, SearchSpec, ValidateSpec, table_path
+from calib.core.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Predictions:
 
 
 def scaling_table(system: System, spec: ScalingSpec, notes: list[str]) -> pd.DataFrame:
-    """analytic.predict for every model x ZeRO stage over the GPU counts (weak scaling)."""
+    """calib.analytic.predict for every model x ZeRO stage over the GPU counts (weak scaling)."""
     frames = []
     for name in spec.models:
         model = load_model(name)
@@ -83,7 +83,7 @@ def scaling_table(system: System, spec: ScalingSpec, notes: list[str]) -> pd.Dat
 
 
 def _params_b(model) -> float:
-    from analytic import formulas as F
+    from calib.analytic import formulas as F
 
     return float(F.params_total(model.d_model, model.n_layers, model.vocab, model.seq_len)) / 1e9
 
@@ -127,7 +127,7 @@ def maps(system: System, spec: MapSpec) -> Maps:
 
 
 def run_search(system: System, spec: SearchSpec) -> SearchOut:
-    from analytic.formulas import RECOMPUTE_NAMES
+    from calib.analytic.formulas import RECOMPUTE_NAMES
 
     model = load_model(spec.model)
     res = search(model, system, spec.gpus, spec.global_batch, Space(), spec.top)
@@ -140,8 +140,8 @@ def run_search(system: System, spec: SearchSpec) -> SearchOut:
 
 
 def run_validation(spec: PredictSpec, v: ValidateSpec) -> ValidationOut:
-    from analytic.validate import validate
-    from analytic.vtable import read_table
+    from calib.analytic.validate import validate
+    from calib.analytic.vtable import read_table
 
     path = table_path(spec, v.table)
     df, fmt = read_table(path, "auto")

@@ -4,12 +4,13 @@ and the system's calibration.  Each function returns a :class:`Section` of block
 
 from __future__ import annotations
 
-from calibrate.calibration import Calibration
-from ingest.rundir import Run
-from reports import fig_calibration, fig_runs, hta_panel
-from reports import style as S
-from reports.document import Figure, Section, Table, Text, key
-from reports.progress import progress
+from calib.calibrate.calibration import Calibration
+from calib.reports import fig_calibration, fig_runs, hta_panel
+from calib.reports import style as S
+from calib.reports.document import Figure, Section, Table, Text, key
+from calib.reports.progress import progress
+
+from calib.core.rundir import Run
 
 
 def render_figure(k: str, title: str, caption: str, drawn: S.Drawn | None) -> Figure | None:

@@ -4,11 +4,10 @@ strategies of a search, and validation against published measurements."""
 from __future__ import annotations
 
 import pandas as pd
-
-from reports import fig_scaling, fig_strategy
-from reports.document import Section, Table, Text, key
-from reports.predictions import Predictions
-from reports.sections import render_figure
+from calib.reports import fig_scaling, fig_strategy
+from calib.reports.document import Section, Table, Text, key
+from calib.reports.predictions import Predictions
+from calib.reports.sections import render_figure
 
 
 def scaling_section(p: Predictions) -> Section | None:

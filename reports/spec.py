@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 #: where the published tables of the repository live (present in a source checkout)
 PUBLISHED = Path(__file__).resolve().parents[1] / "fixtures" / "published"

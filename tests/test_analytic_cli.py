@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from calib.cli import cli
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 ROOT = Path(__file__).parents[1]
 SC21 = ROOT / "fixtures" / "published" / "megatron_sc21_table1_weak_scaling.csv"

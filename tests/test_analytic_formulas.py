@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from calib.analytic import formulas as F
+from calib.analytic.comm import members_per_node, volume_bytes
+from calib.analytic.memory import zero_states_bytes
+from calib.analytic.pipeline import bubble_fraction, pipeline_time_s
+from calib.analytic.specs import load_model
 
-from analytic import formulas as F
-from analytic.comm import members_per_node, volume_bytes
-from analytic.memory import zero_states_bytes
-from analytic.pipeline import bubble_fraction, pipeline_time_s
-from analytic.specs import load_model
-from ingest.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, busbw_factor
+from calib.core.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, busbw_factor
 
 # seed 004 "Model Setup": (preset, l, d, a, Est. FLOPs TFLOP, Est. activation GB)
 SEED004 = [

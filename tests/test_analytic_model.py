@@ -11,16 +11,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from calib.analytic import formulas as F
+from calib.analytic.comm import group_time_s
+from calib.analytic.predict import Plan, predict
+from calib.analytic.search import Space, search
+from calib.analytic.source import default_calibration, resolve_system
+from calib.analytic.specs import load_hardware, load_model
+from calib.analytic.strategy import Strategies
+from calib.analytic.timemodel import TIME_KEYS, System, evaluate
 
-from analytic import formulas as F
-from analytic.comm import group_time_s
-from analytic.predict import Plan, predict
-from analytic.search import Space, search
-from analytic.source import default_calibration, resolve_system
-from analytic.specs import load_hardware, load_model
-from analytic.strategy import Strategies
-from analytic.timemodel import TIME_KEYS, System, evaluate
-from ingest.collective_names import ALLGATHER, ALLREDUCE
+from calib.core.collective_names import ALLGATHER, ALLREDUCE
 
 ROOT = Path(__file__).parents[1]
 

@@ -8,9 +8,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from calib.analytic.specs import (
+    HARDWARE_FILE,
+    MODELS_FILE,
+    hardware_names,
+    load_hardware,
+    load_model,
+    model_names,
+)
 
-from analytic.specs import HARDWARE_FILE, MODELS_FILE, hardware_names, load_hardware, load_model, model_names
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 PUBLISHED = Path(__file__).parents[1] / "fixtures" / "published"
 

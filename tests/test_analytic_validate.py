@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from calib.analytic.validate import select_rows, validate
+from calib.analytic.vtable import normalise, read_table
 
-from analytic.validate import select_rows, validate
-from analytic.vtable import normalise, read_table
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 PUB = Path(__file__).parents[1] / "fixtures" / "published"
 SC21 = PUB / "megatron_sc21_table1_weak_scaling.csv"

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from calib.ingest.capture.bench_collectives import CollectiveBenchConfig, element_count, message_sizes
+from calib.ingest.capture.bench_gemm import square_shapes, transformer_shapes
 
 from calib.cli import main
-from ingest.capture.bench_collectives import CollectiveBenchConfig, element_count, message_sizes
-from ingest.capture.bench_gemm import square_shapes, transformer_shapes
-from ingest.collective_names import busbw_factor
-from ingest.rundir import read_run
-from ingest.schema import GEMM_SAMPLES, KIND_BENCH, SAMPLES, conform
-from ingest.store import list_runs
+from calib.core.collective_names import busbw_factor
+from calib.core.rundir import read_run
+from calib.core.schema import GEMM_SAMPLES, KIND_BENCH, SAMPLES, conform
+from calib.core.store import list_runs
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from calib.calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
+from calib.calibrate.collectives import SizeSeries, busbw_rel_errors, fit_series, heldout_errors, size_series
+from calib.ingest.nccl_tests import ingest_nccl_tests
 
-from calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
-from calibrate.collectives import SizeSeries, busbw_rel_errors, fit_series, heldout_errors, size_series
-from ingest.nccl_tests import ingest_nccl_tests
 from tests.conftest import FIXTURES
 
 MIB = 2**20

@@ -6,13 +6,13 @@ import json
 
 import numpy as np
 import pytest
+from calib.calibrate.calibration import FITTED, Calibration
+from calib.calibrate.compute import level_efficiency, run_points, work_levels
+from calib.calibrate.fit import fit_system
+from calib.ingest.pipeline import IngestOptions, ingest
 
-from calibrate.calibration import FITTED, Calibration
-from calibrate.compute import level_efficiency, run_points, work_levels
-from calibrate.fit import fit_system
-from ingest.pipeline import IngestOptions, ingest
-from ingest.rundir import write_run
-from ingest.store import list_runs, run_dir
+from calib.core.rundir import write_run
+from calib.core.store import list_runs, run_dir
 from tests.conftest import FIXTURES
 
 GEN = FIXTURES / "traces" / "generated"

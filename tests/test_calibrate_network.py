@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from calib.calibrate import netmodel
+from calib.calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
+from calib.calibrate.collectives import fit_series, size_series
+from calib.calibrate.network import fit_networks, predict_busbw_gbps
+from calib.ingest.nccl_tests import ingest_nccl_tests
 
-from calibrate import netmodel
-from calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
-from calibrate.collectives import fit_series, size_series
-from calibrate.network import fit_networks, predict_busbw_gbps
-from ingest.collective_names import busbw_factor
-from ingest.nccl_tests import ingest_nccl_tests
+from calib.core.collective_names import busbw_factor
 from tests.conftest import FIXTURES
 
 

@@ -11,10 +11,10 @@ import warnings
 from pathlib import Path
 
 import pytest
+from calib.ingest.capture.check import check_run
+from calib.ingest.capture.runconfig import read_run_config, trace_name
 
 from calib.cli import main
-from ingest.capture.check import check_run
-from ingest.capture.runconfig import read_run_config, trace_name
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "fixtures" / "traces" / "generated"
@@ -31,10 +31,9 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 
 def tiny_loop(out: Path, steps: int, **kwargs) -> object:
     import torch
-
-    from ingest.capture.model import TinyGPT, batch
-    from ingest.capture.profile import CaptureSettings, capture
-    from ingest.capture.spec import GPTShape
+    from calib.ingest.capture.model import TinyGPT, batch
+    from calib.ingest.capture.profile import CaptureSettings, capture
+    from calib.ingest.capture.spec import GPTShape
 
     torch.manual_seed(0)
     shape = GPTShape(d=32, l=1, a=2, s=16, V=64, b=2)

@@ -46,17 +46,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from calib.analytic.source import compute_slots, resolve_system
+from calib.analytic.specs import ModelSpec
+from calib.analytic.strategy import Strategies
+from calib.analytic.timemodel import evaluate
+from calib.calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
+from calib.calibrate.compute import fit_compute_slots, node_points, run_points
+from calib.calibrate.fit import fit_system
+from calib.ingest.pipeline import IngestOptions, ingest
 
-from analytic.source import compute_slots, resolve_system
-from analytic.specs import ModelSpec
-from analytic.strategy import Strategies
-from analytic.timemodel import evaluate
-from calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
-from calibrate.compute import fit_compute_slots, node_points, run_points
-from calibrate.fit import fit_system
-from ingest.pipeline import IngestOptions, ingest
-from ingest.rundir import read_run, write_run
-from ingest.store import list_runs, run_dir
+from calib.core.rundir import read_run, write_run
+from calib.core.store import list_runs, run_dir
 from tests.conftest import FIXTURES, ROOT
 
 sys.path.insert(0, str(ROOT / "fixtures"))

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from calib.ingest import crossrank
+from calib.ingest.pipeline import IngestOptions, ingest
 
-from ingest import crossrank
-from ingest.pipeline import IngestOptions, ingest
 from tests.conftest import CPU_TRACES, FIXTURES, HTA
 
 GENERATED = FIXTURES / "traces" / "generated"

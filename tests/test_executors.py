@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from calib.ingest.executors import ExecutorSpec, parse_jobs
+from calib.ingest.memory import MemoryBudget
+from calib.ingest.pipeline import IngestOptions, ingest
 
 from calib.cli import main
-from ingest.errors import InputError
-from ingest.executors import ExecutorSpec, parse_jobs
-from ingest.memory import MemoryBudget
-from ingest.pipeline import IngestOptions, ingest
+from calib.core.errors import InputError
 from tests.conftest import CPU_TRACES, FIXTURES, GPU_TRACES
 
 GENERATED_WS4 = sorted((FIXTURES / "traces" / "generated" / "ddp-d128-ws4").glob("rank*.json*"))

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from calib.calibrate.calibration import DEFAULT, Calibration
+from calib.ingest.nccl_tests import ingest_nccl_tests
 from click.testing import CliRunner
 
 from calib.cli import cli
-from calibrate.calibration import DEFAULT, Calibration
-from ingest.errors import InputError
-from ingest.nccl_tests import ingest_nccl_tests
-from ingest.rundir import write_run
-from ingest.store import calibration_path, run_dir
+from calib.core.errors import InputError
+from calib.core.rundir import write_run
+from calib.core.store import calibration_path, run_dir
 from tests.conftest import CPU_TRACES, FIXTURES
 
 
@@ -107,7 +107,7 @@ def test_unwritable_out_is_bad_input(store):
 
 
 def test_system_with_only_unusable_runs_says_what_each_factor_needs(tmp_path):
-    from ingest.schema import RunMeta
+    from calib.core.schema import RunMeta
 
     write_run(run_dir(tmp_path, "empty", "r"), RunMeta(name="r", kind="bench", system="empty"), {})
     with pytest.raises(InputError) as exc:
@@ -164,7 +164,7 @@ def test_exit_code_and_single_line_through_the_console(store, tmp_path):
 
 def test_trace_runs_feed_dispatch_and_k1(tmp_path):
     """Real CPU traces of one model: dispatch per op is fitted, k1 is anchored but unidentifiable."""
-    from ingest.pipeline import IngestOptions, ingest
+    from calib.ingest.pipeline import IngestOptions, ingest
 
     for key in ("ws2_ddp_rank0", "ws2_fsdp_full_rank0"):
         meta, tables = ingest([CPU_TRACES[key]], IngestOptions(system="cpu", name=key))

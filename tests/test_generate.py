@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from ingest.capture.check import check_run
-from ingest.capture.runconfig import read_run_config, trace_name
-from ingest.capture.spec import GPTShape, ProfileWindow, RunSpec
+from calib.ingest.capture.check import check_run
+from calib.ingest.capture.runconfig import read_run_config, trace_name
+from calib.ingest.capture.spec import GPTShape, ProfileWindow, RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "fixtures" / "traces" / "generated"
@@ -50,7 +49,7 @@ def allreduce_elems_per_step(trace: dict) -> dict[int, int]:
 
 @pytest.mark.slow
 def test_generate_tiny_ddp_run_on_two_gloo_ranks(tmp_path: Path) -> None:
-    from ingest.capture.train import generate_run
+    from calib.ingest.capture.train import generate_run
 
     shape = GPTShape(d=32, l=1, a=2, s=16, V=64, b=2)
     spec = RunSpec("tiny", "ddp", 2, shape, window=ProfileWindow(wait=0, warmup=1, active=2, after=1))

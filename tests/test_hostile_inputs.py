@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from calib.cli import main
-from ingest.schema import BUCKET_PARTS
+from calib.core.schema import BUCKET_PARTS
 from tests.conftest import CPU_TRACES, GPU_TRACES
 
 BASES = {
@@ -418,7 +418,7 @@ def test_found_crashes_stay_fixed(case: str, streamed: bool) -> None:
 
 def test_streamed_cases_do_stream() -> None:
     """The 4 MiB budget of the streamed cases is below what the larger bases need in memory."""
-    from ingest.memory import fits_in_memory
+    from calib.ingest.memory import fits_in_memory
 
     assert not fits_in_memory(BASES["gpu"], 4 << 20)
     assert not fits_in_memory(BASES["cpu_ddp"], 4 << 20)

@@ -27,8 +27,7 @@ import sys
 
 import pandas as pd
 import pytest
-
-from ingest.hta_compare import (
+from calib.ingest.hta_compare import (
     ALL,
     BUSY_QUANTITIES,
     QUANTITIES,
@@ -37,6 +36,7 @@ from ingest.hta_compare import (
     hta_totals,
     unmatched,
 )
+
 from tests.conftest import HTA
 
 REL_TOL = 0.01  # the agreement criterion

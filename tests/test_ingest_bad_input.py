@@ -146,7 +146,7 @@ def test_mixed_ranks_of_different_jobs_rejected(tmp_path):
 
 
 def test_good_ingest_writes_readable_run(tmp_path):
-    from ingest.rundir import read_run
+    from calib.core.rundir import read_run
 
     proc = run_calib(
         "ingest",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ingest.collective_names import busbw_factor
-from ingest.schema import BUCKET_PARTS, KERNEL_CLASSES
+from calib.core.collective_names import busbw_factor
+from calib.core.schema import BUCKET_PARTS, KERNEL_CLASSES
 from tests.conftest import ALL_TRACES
 
 TRACES = sorted(ALL_TRACES)

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from calib.ingest.nccl_tests import ingest_nccl_tests, looks_like_nccl_tests, parse_nccl_tests_file
 
-from ingest.collective_names import busbw_factor
-from ingest.errors import InputError
-from ingest.nccl_tests import ingest_nccl_tests, looks_like_nccl_tests, parse_nccl_tests_file
-from ingest.rundir import read_run, write_run
-from ingest.schema import SAMPLES, conform
+from calib.core.collective_names import busbw_factor
+from calib.core.errors import InputError
+from calib.core.rundir import read_run, write_run
+from calib.core.schema import SAMPLES, conform
 from tests.conftest import FIXTURES
 
 NCCL = FIXTURES / "nccl-tests"

@@ -45,10 +45,11 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 def ingest(paths, store: Path, system: str, name: str) -> Path:
-    from ingest.pipeline import IngestOptions
-    from ingest.pipeline import ingest as run_ingest
-    from ingest.rundir import write_run
-    from ingest.store import run_dir
+    from calib.ingest.pipeline import IngestOptions
+    from calib.ingest.pipeline import ingest as run_ingest
+
+    from calib.core.rundir import write_run
+    from calib.core.store import run_dir
 
     meta, tables = run_ingest([Path(p) for p in paths], IngestOptions(system=system, name=name))
     return write_run(run_dir(store, system, name), meta, tables)
@@ -56,8 +57,9 @@ def ingest(paths, store: Path, system: str, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
-    from calibrate.fit import fit_system
-    from ingest.store import calibration_path
+    from calib.calibrate.fit import fit_system
+
+    from calib.core.store import calibration_path
 
     st = tmp_path_factory.mktemp("store")
     ingest([FIXTURES / "nccl-tests"], st, "polaris", "polaris-nccl-tests")
@@ -96,9 +98,10 @@ def test_report_files_and_embedding(report: Path) -> None:
 
 
 def test_bucket_bars_are_the_runs_buckets(store: Path, report: Path) -> None:
-    from ingest.rundir import read_run
-    from reports import fig_runs
-    from reports import style as S
+    from calib.reports import fig_runs
+    from calib.reports import style as S
+
+    from calib.core.rundir import read_run
 
     run = read_run(store / "cpu/runs/ddp-ws2")
     b = run.table("buckets").sort_values(["rank", "iteration"]).reset_index(drop=True)
@@ -131,7 +134,7 @@ def _rgb(hex_colour: str) -> tuple[float, float, float]:
 
 
 def test_kernel_classes_and_dissection_from_tables(store: Path, report: Path) -> None:
-    from ingest.rundir import read_run
+    from calib.core.rundir import read_run
 
     run = read_run(store / "gpu/runs/nccl-a100")
     k = run.table("kernels").groupby("kernel_class")["time_s"].sum()
@@ -146,7 +149,7 @@ def test_kernel_classes_and_dissection_from_tables(store: Path, report: Path) ->
 def test_busbw_points_are_the_measured_samples(store: Path, report: Path) -> None:
     """Measured points: the median time over every in- and out-of-place line of a size (the
     fit's target) as bus bandwidth, 2(n-1)/n * bytes / time for all-reduce."""
-    from ingest.rundir import read_run
+    from calib.core.rundir import read_run
 
     s = read_run(store / "polaris/runs/polaris-nccl-tests").table("samples")
     s = s[(s["setup"] == 5) & (s["bytes"] > 0) & (s["collective"] == "allreduce") & (s["nranks"] == 32)]
@@ -165,10 +168,10 @@ def test_busbw_points_are_the_measured_samples(store: Path, report: Path) -> Non
 
 
 def test_prediction_data_equals_analytic(store: Path, report: Path) -> None:
-    from analytic.predict import Plan, predict
-    from analytic.source import resolve_system
-    from analytic.specs import load_model
-    from reports import style as S
+    from calib.analytic.predict import Plan, predict
+    from calib.analytic.source import resolve_system
+    from calib.analytic.specs import load_model
+    from calib.reports import style as S
 
     system, _ = resolve_system("polaris", None, None, store)
     ref = predict(load_model("gpt-6.7b"), system, [8, 32, 128], Plan(zero=3)).table

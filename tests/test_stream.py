@@ -14,13 +14,13 @@ import msgspec
 import numpy as np
 import pandas as pd
 import pytest
+from calib.ingest import memory
+from calib.ingest.events import Events, normalise
+from calib.ingest.pipeline import ingest_rank
+from calib.ingest.reader import read_trace
+from calib.ingest.stream import read_streaming
 
-from ingest import memory
-from ingest.errors import InputError
-from ingest.events import Events, normalise
-from ingest.pipeline import ingest_rank
-from ingest.reader import read_trace
-from ingest.stream import read_streaming
+from calib.core.errors import InputError
 from tests.conftest import ALL_TRACES, CPU_TRACES, GPU_TRACES
 
 

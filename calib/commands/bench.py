@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 _STORE_HELP = "Store directory (default: $CALIB_STORE or ./calib-store)."
 
@@ -26,13 +26,13 @@ def bench() -> None:
 
 
 def _store(store: str | None) -> Path:
-    from ingest.store import default_store
+    from calib.core.store import default_store
 
     return Path(store) if store else default_store()
 
 
 def _target(store: Path, system: str | None, name: str) -> Path:
-    from ingest.store import check_name, run_dir
+    from calib.core.store import check_name, run_dir
 
     if system is not None:
         check_name("system", system)
@@ -103,9 +103,9 @@ def collectives(
     all-to-all, 1 broadcast/reduce/sendrecv).  torch's all-reduce, broadcast and reduce
     are in place (stored in the *_ip columns), the others out of place (*_oop).
     """
-    from ingest.capture.bench_collectives import CollectiveBenchConfig
-    from ingest.capture.units import parse_bytes, parse_dtype, parse_list
-    from ingest.collective_names import canonical
+    from calib.core.collective_names import canonical
+    from calib.ingest.capture.bench_collectives import CollectiveBenchConfig
+    from calib.ingest.capture.units import parse_bytes, parse_dtype, parse_list
 
     names = tuple(
         canonical(c) if canonical(c) != "unknown" else c for c in parse_list(collectives, "--collectives")
@@ -156,9 +156,9 @@ def _notes(cfg, backend: str, n: int) -> list[str]:  # noqa: ANN001
 
 
 def _finish(df, cfg, backend: str, n: int, system: str | None, name: str, store: Path, devices) -> None:  # noqa: ANN001
-    from ingest.capture.bench_collectives import format_samples
-    from ingest.capture.record import write_bench_run
-    from ingest.schema import conform
+    from calib.core.schema import conform
+    from calib.ingest.capture.bench_collectives import format_samples
+    from calib.ingest.capture.record import write_bench_run
 
     conform("samples", df)  # schema check before anything is written
     click.echo(format_samples(df))
@@ -177,9 +177,9 @@ def _finish(df, cfg, backend: str, n: int, system: str | None, name: str, store:
 
 
 def _run_local(cfg, nproc: int, system: str | None, name: str | None, store: Path) -> None:  # noqa: ANN001
-    from ingest.capture.bench_collectives import HEADER, bench_collectives_local
-    from ingest.capture.profile import host_info
-    from ingest.capture.record import default_name
+    from calib.ingest.capture.bench_collectives import HEADER, bench_collectives_local
+    from calib.ingest.capture.profile import host_info
+    from calib.ingest.capture.record import default_name
 
     name = name or default_name(f"coll-gloo-n{nproc}")
     _target(store, system, name)
@@ -197,8 +197,8 @@ def _run_launched(cfg, backend: str, system: str | None, name: str | None, store
     import torch
     import torch.distributed as dist
 
-    from ingest.capture.bench_collectives import HEADER, bench_device, print_row, run_collective_bench
-    from ingest.capture.record import default_name
+    from calib.ingest.capture.bench_collectives import HEADER, bench_device, print_row, run_collective_bench
+    from calib.ingest.capture.record import default_name
 
     created = not dist.is_initialized()
     if created:
@@ -276,7 +276,8 @@ def gemm(
     device synchronisations; time is the median repeat's mean call (seconds).  The
     'spread' column is (slowest - fastest repeat) / median: large on a busy host.
     """
-    from ingest.capture.bench_gemm import (
+    from calib.core.schema import conform
+    from calib.ingest.capture.bench_gemm import (
         HEADER,
         GemmBenchConfig,
         GemmShape,
@@ -287,9 +288,14 @@ def gemm(
         square_shapes,
         transformer_shapes,
     )
-    from ingest.capture.record import default_name, write_bench_run
-    from ingest.capture.units import parse_dtype, parse_kv_ints, parse_list, parse_positive_ints, parse_shape
-    from ingest.schema import conform
+    from calib.ingest.capture.record import default_name, write_bench_run
+    from calib.ingest.capture.units import (
+        parse_dtype,
+        parse_kv_ints,
+        parse_list,
+        parse_positive_ints,
+        parse_shape,
+    )
 
     if batch < 1:
         raise InputError("--batch", f"must be >= 1, got {batch}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 _FRAMEWORKS = ("pytorch", "ddp", "fsdp", "fsdp2", "deepspeed", "megatron")
 _MODEL_KEYS = ("d", "l", "a", "s", "V", "b")
@@ -39,7 +39,7 @@ def capture() -> None:
 )
 def recipe(framework: str) -> None:
     """Print the capture recipe for a framework (Python or shell you paste into your job)."""
-    from ingest.capture.recipe import RECIPES
+    from calib.ingest.capture.recipe import RECIPES
 
     if framework not in RECIPES:
         raise InputError("--framework", f"'{framework}' has no recipe (one of {', '.join(RECIPES)})")
@@ -58,7 +58,7 @@ def check(run_dir: str, as_json: bool) -> None:
     recorded, and the system tag; then every problem found.  Exit code 0 when ready,
     2 when something calibration needs is missing or a file is unusable.
     """
-    from ingest.capture.check import check_run
+    from calib.ingest.capture.check import check_run
 
     report = check_run(Path(run_dir))
     if as_json:
@@ -132,9 +132,9 @@ def collect(
     layout you give.  Use it for Megatron-LM (--use-pytorch-profiler) or
     tensorboard_trace_handler output.  Prints the check of the result.
     """
-    from ingest.capture.collect import collect as do_collect
-    from ingest.capture.units import parse_kv_ints
-    from ingest.store import check_name
+    from calib.core.store import check_name
+    from calib.ingest.capture.collect import collect as do_collect
+    from calib.ingest.capture.units import parse_kv_ints
 
     if system is not None:
         check_name("system", system)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from ingest.errors import InputError
-from ingest.store import calibration_path, check_name, default_store
+from calib.core.errors import InputError
+from calib.core.store import calibration_path, check_name, default_store
 
 
 @click.command(name="fit")
@@ -79,8 +79,8 @@ def fit(
     several ranks per node: the effective compute slots per node (ranks beyond them
     time-share the node's cores or devices).
     """
-    from calibrate.fit import fit_system
-    from calibrate.select import parse_where
+    from calib.calibrate.fit import fit_system
+    from calib.calibrate.select import parse_where
 
     check_name("system", system)
     if peak_tflops is not None and not peak_tflops > 0:

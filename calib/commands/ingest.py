@@ -10,15 +10,15 @@ import click
 import numpy as np
 import pandas as pd
 
-from ingest.errors import InputError
-from ingest.executors import EXECUTORS, ExecutorSpec, parse_jobs
-from ingest.memory import budget_from_option
-from ingest.pipeline import FRAMEWORKS, IngestOptions, summary_frames
-from ingest.pipeline import ingest as run_ingest
-from ingest.rules import load_rules
-from ingest.rundir import write_run
-from ingest.schema import KIND_TRACE
-from ingest.store import check_name, default_store, run_dir
+from calib.core.errors import InputError
+from calib.core.rundir import write_run
+from calib.core.schema import KIND_TRACE
+from calib.core.store import check_name, default_store, run_dir
+from calib.ingest.executors import EXECUTORS, ExecutorSpec, parse_jobs
+from calib.ingest.memory import budget_from_option
+from calib.ingest.pipeline import FRAMEWORKS, IngestOptions, summary_frames
+from calib.ingest.pipeline import ingest as run_ingest
+from calib.ingest.rules import load_rules
 
 _MODEL_KEYS = {"d": int, "l": int, "a": int, "s": int, "V": int, "b": int, "name": str}
 
@@ -210,7 +210,7 @@ def _print_trace_run(meta, tables) -> None:
 
 def _print_crossrank(meta, cr) -> None:
     """The straggler summary: who the others waited for, per iteration and overall."""
-    from ingest import crossrank
+    from calib.ingest import crossrank
 
     cov = crossrank.coverage(cr)
     if cov["matches"] == 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 MACHINE_HELP = """\b
 Machine (one of):
@@ -128,7 +128,7 @@ def model_options(f):
 def resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab):
     from dataclasses import replace
 
-    from analytic.specs import ModelSpec, load_model
+    from calib.analytic.specs import ModelSpec, load_model
 
     shape = {"d_model": d_model, "n_layers": n_layers, "n_heads": n_heads}
     if model_name:
@@ -227,11 +227,11 @@ Example:
 def predict(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus, zero,
             tp, pp, interleave, micro_batch, global_batch, recompute, seq_parallel, dp_overlap, flash_attention,
             ranks_per_node, as_json, as_csv, out):  # fmt: skip
-    from analytic import output
-    from analytic.formulas import recompute_code
-    from analytic.predict import Plan
-    from analytic.predict import predict as run_predict
-    from analytic.source import resolve_system
+    from calib.analytic import output
+    from calib.analytic.formulas import recompute_code
+    from calib.analytic.predict import Plan
+    from calib.analytic.predict import predict as run_predict
+    from calib.analytic.source import resolve_system
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")

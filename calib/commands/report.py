@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 
 @click.command(
@@ -53,9 +53,9 @@ Examples:
 @click.option("--title", help="Report title.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Output directory (required).")
 def report(runs, system, calibration, predict_spec, store, title, out_dir):
-    from ingest.store import default_store
-    from reports.build import make_report, resolve_spec, write_report
-    from reports.inputs import gather
+    from calib.core.store import default_store
+    from calib.reports.build import make_report, resolve_spec, write_report
+    from calib.reports.inputs import gather
 
     if out_dir is None:
         raise InputError("--out", "is required (the directory to write the report into)")

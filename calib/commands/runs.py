@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from ingest.errors import InputError
-from ingest.store import calibration_path, check_name, default_store, list_runs, list_systems
+from calib.core.errors import InputError
+from calib.core.store import calibration_path, check_name, default_store, list_runs, list_systems
 
 
 @click.command(name="runs")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from calib.commands.predict import MACHINE_HELP, Int, machine_options, model_options, require, resolve_model
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 
 def parse_gpu_spec(text: str) -> list[int]:
@@ -84,11 +84,11 @@ Examples:
 @click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
 def search(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus,
            global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, as_json, as_csv, out):  # fmt: skip
-    from analytic import output
-    from analytic.formulas import RECOMPUTE_NAMES
-    from analytic.search import Space
-    from analytic.search import search as run_search
-    from analytic.source import resolve_system
+    from calib.analytic import output
+    from calib.analytic.formulas import RECOMPUTE_NAMES
+    from calib.analytic.search import Space
+    from calib.analytic.search import search as run_search
+    from calib.analytic.source import resolve_system
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")

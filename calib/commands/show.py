@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 import numpy as np
 
-from calibrate.calibration import Calibration, Param, Saturating
-from ingest.errors import InputError
-from ingest.store import calibration_path, default_store
+from calib.calibrate.calibration import Calibration, Param, Saturating
+from calib.core.errors import InputError
+from calib.core.store import calibration_path, default_store
 
 DEFAULT_NODES = (128, 256, 540)
 
@@ -47,8 +47,8 @@ def _curve(name: str, c: Saturating | None, lines: list[str]) -> None:
 
 def render(cal: Calibration, *, brief: bool = False, nodes: tuple[int, ...] = DEFAULT_NODES) -> str:
     """The calibration as text: parameters with uncertainty, fit quality, predictions, provenance."""
-    from calibrate import netmodel
-    from calibrate.network import predict_busbw_gbps
+    from calib.calibrate import netmodel
+    from calib.calibrate.network import predict_busbw_gbps
 
     L: list[str] = []
     L.append(f"calibration of {cal.system}  (calib {cal.calib_version or '?'}, created {cal.created})")

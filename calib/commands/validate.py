@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from calib.commands.predict import Choice, Fraction, Int, machine_options, require
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 SCHEMA_HELP = """\b
 Table (CSV): the validation schema, or one of the published tables (detected by header):
@@ -77,10 +77,10 @@ def validate(
     as_csv,
     out,
 ):
-    from analytic import output
-    from analytic.source import resolve_system
-    from analytic.validate import validate as run_validate
-    from analytic.vtable import read_table
+    from calib.analytic import output
+    from calib.analytic.source import resolve_system
+    from calib.analytic.validate import validate as run_validate
+    from calib.analytic.vtable import read_table
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")

@@ -14,25 +14,25 @@ Importing this package does not import torch; the functions import it when they 
   ranks and capture it (fixtures/generate.py).
 """
 
-from ingest.capture.bench_collectives import (
+from calib.ingest.capture.bench_collectives import (
     CollectiveBenchConfig,
     bench_collectives_local,
     message_sizes,
     run_collective_bench,
 )
-from ingest.capture.bench_gemm import (
+from calib.ingest.capture.bench_gemm import (
     GemmBenchConfig,
     GemmShape,
     run_gemm_bench,
     square_shapes,
     transformer_shapes,
 )
-from ingest.capture.check import CheckReport, Finding, TraceSummary, check_run
-from ingest.capture.collect import collect
-from ingest.capture.profile import Capture, CaptureSettings, capture
-from ingest.capture.runconfig import RUN_CONFIG_NAME, read_run_config, trace_name, write_run_config
-from ingest.capture.spec import GPTShape, ProfileWindow, RunSpec
-from ingest.capture.train import generate_run
+from calib.ingest.capture.check import CheckReport, Finding, TraceSummary, check_run
+from calib.ingest.capture.collect import collect
+from calib.ingest.capture.profile import Capture, CaptureSettings, capture
+from calib.ingest.capture.runconfig import RUN_CONFIG_NAME, read_run_config, trace_name, write_run_config
+from calib.ingest.capture.spec import GPTShape, ProfileWindow, RunSpec
+from calib.ingest.capture.train import generate_run
 
 __all__ = [
     "RUN_CONFIG_NAME",

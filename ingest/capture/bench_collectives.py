@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from calib.ingest.capture.units import DTYPES
 
-from ingest.capture.units import DTYPES
-from ingest.collective_names import (
+from calib.core.collective_names import (
     ALLGATHER,
     ALLREDUCE,
     ALLTOALL,
@@ -36,7 +36,7 @@ from ingest.collective_names import (
     SENDRECV,
     busbw_factor,
 )
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 SUPPORTED = (ALLREDUCE, ALLGATHER, REDUCESCATTER, ALLTOALL, BROADCAST, REDUCE, SENDRECV)
 DEFAULT_COLLECTIVES = (ALLREDUCE, ALLGATHER, REDUCESCATTER, ALLTOALL, BROADCAST)
@@ -218,7 +218,7 @@ def run_collective_bench(
 ) -> pd.DataFrame:
     """Benchmark ``cfg`` on ``group`` (default: the world); every rank must call it.
 
-    Returns the ``samples`` table (ingest.schema.SAMPLES), identical on every rank.
+    Returns the ``samples`` table (calib.core.schema.SAMPLES), identical on every rank.
     """
     import torch
     import torch.distributed as dist
@@ -316,7 +316,7 @@ def _local_rank_main(
     rank: int, world_size: int, init_file: str, cfg_json: dict[str, Any], result: str, verbose: bool
 ) -> None:
     """One spawned rank of :func:`bench_collectives_local`; rank 0 saves the table."""
-    from ingest.capture.launch import init_local_rank
+    from calib.ingest.capture.launch import init_local_rank
 
     threads = max(1, (os.cpu_count() or 1) // world_size)
     init_local_rank(rank, world_size, init_file, threads=threads)
@@ -336,7 +336,7 @@ def bench_collectives_local(cfg: CollectiveBenchConfig, nproc: int, *, verbose: 
     import tempfile
     from pathlib import Path
 
-    from ingest.capture.launch import spawn_local
+    from calib.ingest.capture.launch import spawn_local
 
     with tempfile.TemporaryDirectory(prefix="calib-bench-") as tmp:
         result = str(Path(tmp) / "samples.parquet")

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from calib.ingest.capture.units import DTYPES
 
-from ingest.capture.units import DTYPES
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def device_name(dev: Any) -> str:
 
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
-    from ingest.capture.profile import host_info
+    from calib.ingest.capture.profile import host_info
 
     return str(host_info()["cpu"])
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from calib.ingest.capture.runconfig import RUN_CONFIG_NAME, rank_of_name, read_run_config
 
-from ingest.capture.runconfig import RUN_CONFIG_NAME, rank_of_name, read_run_config
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 ERROR, MISSING, WARN, OK = "error", "missing", "warn", "ok"
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")

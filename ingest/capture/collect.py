@@ -17,9 +17,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ingest.capture.check import CheckReport, check_run, summarize, trace_files
-from ingest.capture.runconfig import trace_name, write_run_config
-from ingest.errors import InputError
+from calib.ingest.capture.check import CheckReport, check_run, summarize, trace_files
+from calib.ingest.capture.runconfig import trace_name, write_run_config
+
+from calib.core.errors import InputError
 
 
 def _sources(paths: Sequence[str | Path]) -> list[Path]:

@@ -37,7 +37,7 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, init_file: str, a
 
 #: imported once by the fork server, so each rank starts in a fraction of a second
 #: instead of paying ``import torch`` (seconds on a busy 2-core machine) per rank and run
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch.profiler", "ingest.capture.train"]
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch.profiler", "calib.ingest.capture.train"]
 
 
 def _start_method() -> str:

@@ -12,9 +12,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+from calib.ingest.capture.spec import GPTShape
 from torch import nn
-
-from ingest.capture.spec import GPTShape
 
 
 class Block(nn.Module):

@@ -42,13 +42,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ingest.capture.runconfig import (
+from calib.ingest.capture.runconfig import (
     TRACE_META_FORMAT,
     TRACE_META_KEY,
     trace_name,
     write_run_config,
 )
-from ingest.errors import InputError
+
+from calib.core.errors import InputError
 
 
 @dataclass(frozen=True)

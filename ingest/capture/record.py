@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ingest.rundir import write_run
-from ingest.schema import KIND_BENCH, RunMeta
-from ingest.store import run_dir
+from calib.core.rundir import write_run
+from calib.core.schema import KIND_BENCH, RunMeta
+from calib.core.store import run_dir
 
 
 def default_name(prefix: str) -> str:

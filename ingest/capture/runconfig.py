@@ -13,7 +13,7 @@ size, run name), so a single trace file copied elsewhere still says where it cam
 ``format``, ``version`` and ``world_size`` may be absent or null:
 
     name, system, created (ISO 8601 UTC), world_size, backend,
-    framework {name, zero_stage, sharding_strategy}   names as ingest.schema.Framework
+    framework {name, zero_stage, sharding_strategy}   names as calib.core.schema.Framework
     parallel  {dp, tp, pp}
     model     {d, l, a, s, V, b, attention, params, flops_per_step}
     dtype, optimizer,
@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 RUN_CONFIG_NAME = "run_config.json"
 RUN_CONFIG_FORMAT = "calib.run_config"

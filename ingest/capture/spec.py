@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-#: framework names as in ingest.schema.Framework.name
+#: framework names as in calib.core.schema.Framework.name
 FRAMEWORKS = ("pytorch", "ddp", "fsdp", "fsdp2", "deepspeed")
 FSDP_STRATEGIES = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0}
 ATTENTION_KINDS = ("math", "sdpa")

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ingest.capture.spec import GPTShape, ProfileWindow, RunSpec
+from calib.ingest.capture.spec import GPTShape, ProfileWindow, RunSpec
 
 
 def spec_to_json(spec: RunSpec) -> dict[str, Any]:
@@ -102,10 +102,9 @@ def _wrap(spec: RunSpec, model: Any) -> tuple[Any, Any, dict[str, Any]]:
         model = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
         extras["ddp"] = {"bucket_cap_mb": round(bucket_mb, 4)}
     elif spec.framework == "fsdp":
+        from calib.ingest.capture.model import Block
         from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-        from ingest.capture.model import Block
 
         model = FullyShardedDataParallel(
             model,
@@ -139,16 +138,15 @@ def train_rank(
     """One rank of a generated run (spawned by :func:`generate_run`)."""
     if spec_json["framework"] == "deepspeed":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from ingest.capture.launch import init_local_rank
+    from calib.ingest.capture.launch import init_local_rank
 
     spec = spec_from_json(spec_json)
     init_local_rank(rank, world_size, init_file, threads=spec.threads_per_rank)
     import torch
     import torch.distributed as dist
+    from calib.ingest.capture.model import TinyGPT, batch
+    from calib.ingest.capture.profile import CaptureSettings, capture, host_info
     from torch.profiler import record_function
-
-    from ingest.capture.model import TinyGPT, batch
-    from ingest.capture.profile import CaptureSettings, capture, host_info
 
     torch.manual_seed(spec.seed)
     model, opt, extras = _wrap(spec, TinyGPT(spec.model))
@@ -201,8 +199,8 @@ def generate_run(
 ) -> dict[str, Any]:
     """Run ``spec`` on ``spec.world_size`` local gloo ranks, writing its traces and
     ``run_config.json`` into ``out_dir``; return the run_config document."""
-    from ingest.capture.launch import spawn_local
-    from ingest.capture.runconfig import read_run_config
+    from calib.ingest.capture.launch import spawn_local
+    from calib.ingest.capture.runconfig import read_run_config
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -215,7 +213,7 @@ def generate_run(
     if cfg is None:
         raise RuntimeError(f"{out}: the run finished without writing run_config.json")
     cfg.setdefault("generator", {})["wall_s"] = round(time.perf_counter() - t0, 3)
-    from ingest.capture.runconfig import write_run_config
+    from calib.ingest.capture.runconfig import write_run_config
 
     write_run_config(out, {k: v for k, v in cfg.items() if k not in ("format", "version")})
     return json.loads(json.dumps(cfg))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.errors import InputError
+from calib.core.errors import InputError
 
 #: nccl-tests convention: K, M, G are powers of 1024
 _BYTE_UNITS = {

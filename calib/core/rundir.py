@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from ingest.errors import InputError
-from ingest.schema import RUN_FORMAT, SCHEMA_VERSION, TABLES, RunMeta, conform
+from calib.core.errors import InputError
+from calib.core.schema import RUN_FORMAT, SCHEMA_VERSION, TABLES, RunMeta, conform
 
 
 def write_run(

@@ -4,7 +4,7 @@ Layout (plain files, no server)::
 
     <store>/                       default ./calib-store, or $CALIB_STORE, or --store
       <system>/
-        runs/<run-name>/run.json   one directory per ingested run (ingest.rundir)
+        runs/<run-name>/run.json   one directory per ingested run (calib.core.rundir)
         runs/<run-name>/*.parquet
         <system>.calib.json        the latest fit (calibrate)
 
@@ -17,8 +17,8 @@ import os
 import re
 from pathlib import Path
 
-from ingest.errors import InputError
-from ingest.rundir import Run, read_run
+from calib.core.errors import InputError
+from calib.core.rundir import Run, read_run
 
 UNASSIGNED = "unassigned"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
