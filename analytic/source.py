@@ -86,6 +86,24 @@ def transfer(cal: Calibration, target: HardwareSpec, source: HardwareSpec | None
     )
 
 
+def with_spec_collectives(cal: Calibration, hw: HardwareSpec, notes: list[str]) -> Calibration:
+    """A calibration without collective samples times collectives from the spec's bandwidths.
+
+    Strategies without collectives (one GPU) never ask; the others get the spec's
+    default curves (status ``default``), and the calibration and output say so.
+    """
+    if cal.collectives:
+        return cal
+    spec = default_calibration(hw)
+    note = (
+        f"no nccl-tests samples in calibration {cal.system}: collectives use hardware spec '{hw.name}' "
+        f"bandwidths (busbw {hw.intra_busbw_gbps:.0f} GB/s intra / {hw.inter_busbw_gbps:.0f} GB/s inter-node, "
+        "latency 20/50 us; status default)"
+    )
+    notes.append(note)
+    return replace(cal, collectives=spec.collectives, network=spec.network, notes=(*cal.notes, note))
+
+
 def compute_slots(cal: Calibration) -> Param | None:
     """The effective compute slots per node ``calib fit`` found (``provenance["node"]``), if any."""
     node = (cal.provenance or {}).get("node") or {}
@@ -199,6 +217,7 @@ def resolve_system(
         notes.append(
             f"transferred to hardware spec '{hw.name}': fitted efficiencies kept, peak and bandwidths from the spec"
         )
+    cal = with_spec_collectives(cal, hw, notes)
     if is_default(cal):
         notes.append("the calibration's GEMM efficiency is a stated default (no fit)")
     slots = compute_slots(cal)

@@ -78,6 +78,11 @@ class HardwareSpec:
     runtime_reserve_gb: float = 2.0
     source: str = ""
     note: str = ""
+    #: scale-out topology for the all-to-all / tree contention term: "none", "dragonfly", "fat-tree"
+    topology: str = "none"
+    nodes_per_group: int = 0  # nodes in one dragonfly group / under one leaf switch
+    global_taper: float = 1.0  # upper-level bandwidth per node over its injection bandwidth
+    topology_note: str = ""
 
     def __post_init__(self) -> None:
         for f in ("peak_tflops", "hbm_gb", "hbm_tbps", "scale_up_gbps", "node_nic_gbps"):
@@ -93,6 +98,17 @@ class HardwareSpec:
             v = getattr(self, f)
             if not 0 < v <= 1:
                 raise InputError(self.name or "hardware", f"{f} must be in (0, 1], got {v!r}")
+
+    def network_topology(self) -> dict[str, float]:
+        """The topology as the network fit takes it (calibrate.ncclmodel.contention)."""
+        codes = {"none": 0.0, "dragonfly": 1.0, "fat-tree": 2.0}
+        if self.topology not in codes:
+            raise InputError(self.name, f"topology must be one of {', '.join(codes)}, got {self.topology!r}")
+        return {
+            "topology": codes[self.topology],
+            "nodes_per_group": float(self.nodes_per_group),
+            "global_taper": float(self.global_taper),
+        }
 
     @property
     def intra_busbw_gbps(self) -> float:

@@ -15,6 +15,8 @@ Contract for readers (analytic, reports) -- these names and signatures are stabl
 * ``.k2(flops_per_gemm)`` -- transformer-kernel share of kernel time (seed 004 k2)
 * ``.collective_time_s(collective, nbytes, n_gpus, gpus_per_node=None)`` -- seconds,
   vectorised over ``nbytes`` and ``n_gpus``; ``nbytes`` in nccl-tests "size" convention
+* ``.collective_time_s`` across nodes uses the NCCL-structured model
+  (:mod:`calibrate.ncclmodel`, network form ``"nccl"``) when the calibration has one
 * ``.eff(collective, n_gpus)`` -- eff_{g->n}: large-message bus bandwidth at n GPUs
   over that at the calibration's base scale g (seed 004)
 * ``.peak_tflops``, ``.gpus_per_node``, ``.dispatch`` (per-operator host costs)
@@ -67,6 +69,7 @@ from calib.core.collective_names import (
 )
 from calib.core.errors import InputError
 
+NCCL_FORM = "nccl"  # calibrate.ncclmodel.FORM (not imported: the model imports this module's contract)
 CALIBRATION_FORMAT = "calib.calibration"
 CALIBRATION_SCHEMA_VERSION = 1
 
@@ -154,10 +157,24 @@ class Calibration:
         nbytes = np.asarray(nbytes, dtype=float)
         n = np.asarray(n_gpus, dtype=float)
         nbytes, n = np.broadcast_arrays(nbytes, n)
+        if not (n > 1).any():
+            return np.zeros(nbytes.shape)  # no group: no collective, no curve needed
         curves = self.curves_for(collective)
         if not curves:
             raise InputError(self.system, f"calibration has no collective curves to time '{collective}'")
         coll = canonical(collective)
+        net = self._network_for(coll)
+        if net is not None and net.form == NCCL_FORM:
+            # across nodes: NCCL's structure (calibrate.ncclmodel); inside a node: the curves
+            intra = [c for c in curves if c.n_nodes <= 1] or curves
+            intra_c = max(intra, key=lambda c: c.n_gpus)
+            factor = busbw_factor(coll, n)
+            factor = np.where(np.isnan(factor), 1.0, factor)
+            lat, bw = intra_c.parts_s(nbytes)
+            t_intra = lat + bw * factor / _curve_factor(intra_c)
+            t_net = net.model_time_s(nbytes, np.maximum(n, gpn + 1.0))[0]
+            t = np.where(n <= gpn, t_intra, t_net)
+            return np.where(n <= 1, 0.0, t)
         factor = busbw_factor(coll, n)
         factor = np.where(np.isnan(factor), 1.0, factor)
         intra = [c for c in curves if c.n_nodes <= 1] or curves

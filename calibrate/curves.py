@@ -141,9 +141,25 @@ class NetworkScaling:
     params: Mapping[str, Param]
     quality: FitQuality | None = None
     measured: tuple[tuple[int, float], ...] = ()  # (n_gpus, eff) points the fit used
+    segments: tuple[Segment, ...] = ()  # form "nccl": the ring step time against chunk size
+
+    def model_time_s(
+        self, nbytes: ArrayLike, n_gpus: ArrayLike, *, shift: float = 0.0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Form "nccl" only: (seconds, algorithm) across nodes (:func:`calibrate.ncclmodel.time_s`)."""
+        from calib.calibrate import ncclmodel
+
+        gpn = self.params["gpus_per_node"].value
+        return ncclmodel.time_s(self.collective, self.params, self.segments, nbytes, n_gpus, gpn, shift=shift)
 
     def eff(self, n_gpus: ArrayLike) -> np.ndarray:
         n = np.maximum(np.asarray(n_gpus, dtype=float), self.g_gpus)
+        if self.form == "nccl":
+            s = self.params["s_ref_bytes"].value
+            t = self.model_time_s(s, n)[0]
+            t_g = self.model_time_s(s, float(self.g_gpus))[0]
+            f = busbw_factor(self.collective, n) / busbw_factor(self.collective, float(self.g_gpus))
+            return np.minimum(1.0, np.where(np.isfinite(f), f, 1.0) * t_g / t)
         p = {k: v.value for k, v in self.params.items()}
         p["g_gpus"] = float(self.g_gpus)  # the attribute is the base scale (readers may move it)
         return scaling_form(self.form)(n / self.g_gpus, p)
@@ -171,6 +187,7 @@ class NetworkScaling:
             params={k: Param.from_json(v) for k, v in d["params"].items()},
             quality=FitQuality.from_json(d.get("quality")),
             measured=tuple(tuple(m) for m in d.get("measured", ())),
+            segments=tuple(Segment.from_json(x) for x in d.get("segments", ())),
         )
 
 

@@ -20,7 +20,7 @@ import scipy
 from calib.calibrate import compute
 from calib.calibrate.calibration import Calibration, Param, Saturating
 from calib.calibrate.collectives import fit_series, size_series
-from calib.calibrate.network import fit_networks
+from calib.calibrate.netfit import fit_nccl
 from calib.calibrate.select import Selection, needs_text, select
 
 from calib.core.errors import InputError
@@ -43,6 +43,8 @@ def fit_system(
     peak_tflops: float | None = None,
     gpus_per_node: int | None = None,
     profiler_overhead: float | None = None,
+    topology: dict[str, float] | None = None,
+    topology_note: str = "",
 ) -> Calibration:
     """Fit every factor the stored data of ``system`` supports.
 
@@ -52,7 +54,10 @@ def fit_system(
     host: cores / threads per rank); default from the collective samples' rank lines.
     ``profiler_overhead``: profiled / unprofiled step time of the traced runs (from the
     capture's ``run_config.json`` step times); the excess is taken out of dispatch, so
-    k1 and the per-operator costs describe unprofiled steps.
+    k1 and the per-operator costs describe unprofiled steps.  ``topology``: the system
+    spec's network topology ({"topology": 1 dragonfly / 2 fat tree, "nodes_per_group",
+    "global_taper"}) for the contention term of all-to-all and tree all-reduce at scale,
+    ``topology_note`` where it comes from.
     """
     sel = select(Path(store), system, where or {})
     if sel.samples.empty and not sel.trace_runs:
@@ -64,7 +69,7 @@ def fit_system(
         )
     where_txt = f"--system {system}"
     notes: list[str] = list(sel.notes)
-    curves, networks, gpn, source = _network(sel, where_txt, notes)
+    curves, networks, gpn, source = _network(sel, where_txt, notes, topology, topology_note)
     if gpus_per_node:
         if gpn and gpn != gpus_per_node:
             notes.append(
@@ -174,7 +179,7 @@ def fit_system(
     )
 
 
-def _network(sel: Selection, where: str, notes: list[str]):
+def _network(sel: Selection, where: str, notes: list[str], topology=None, topology_note: str = ""):
     if sel.samples.empty:
         return [], {}, None, ""
     versions = sorted(set(sel.samples["nccl_version"].astype(str)) - {""})
@@ -186,25 +191,14 @@ def _network(sel: Selection, where: str, notes: list[str]):
         source = f"nccl-tests setup={','.join(map(str, setups))}" + (
             f" nccl={','.join(versions)}" if versions else ""
         )
-    if sel.samples["nccl_version"].nunique() > 1:
-        pooled = sorted(v or "unknown" for v in sel.samples["nccl_version"].astype(str).unique())
-        notes.append(
-            f"pooled NCCL versions {', '.join(pooled)} as repetitions "
-            "(median per size); separate them with --where nccl_version=V"
-        )
     series = size_series(sel.samples, source)
     fitted = [(fit_series(s), s) for s in series]
     curves = [c for c, _ in fitted]
     pairs: dict[str, list] = {}
     for c, s in fitted:
         pairs.setdefault(c.collective, []).append((c, s))
-    networks = fit_networks(pairs, where=where)
-    single = [c for c, ps in pairs.items() if len([p for p in ps if p[0].n_nodes > 1]) == 1]
-    if single:
-        notes.append(
-            f"one inter-node scale for {', '.join(single)}: eff_{{g->n}} per-step latency unidentifiable "
-            "(upper bound used); ingest logs at a second node count"
-        )
+    networks, net_notes = fit_nccl(pairs, where=where, topology=topology, topology_note=topology_note)
+    notes.extend(net_notes)
     gpn = int(sel.samples["gpus_per_node"].max())
     return curves, networks, gpn, source
 

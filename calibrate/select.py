@@ -51,6 +51,8 @@ def parse_where(items: Sequence[str]) -> dict[str, tuple[str, ...]]:
 
 
 def _match(col: pd.Series, key: str, values: tuple[str, ...]) -> pd.Series:
+    if key == "nccl_version":  # logs that do not name their NCCL version
+        values = tuple("" if v.lower() in ("unrecorded", "unknown") else v for v in values)
     if pd.api.types.is_numeric_dtype(col):
         try:
             nums = [float(v) for v in values]
@@ -101,6 +103,9 @@ def select(store: Path, system: str, where: dict[str, tuple[str, ...]]) -> Selec
     samples, setup_note = _one_setup(samples, "setup" in where)
     if setup_note:
         notes.append(setup_note)
+    samples, version_note = _one_version(samples, "nccl_version" in where)
+    if version_note:
+        notes.append(version_note)
     trace_runs = tuple(r for r in runs if r.meta.kind == KIND_TRACE)
     return Selection(
         system=system,
@@ -136,6 +141,35 @@ def _one_setup(samples: pd.DataFrame, chosen: bool) -> tuple[pd.DataFrame, str]:
         f"median large-message busbw (GB/s by setup: {listing}); choose another with --where setup=K"
     )
     return samples[samples["setup"] == best], note
+
+
+def _version_key(v: str) -> tuple:
+    return tuple(int(x) for x in v.split(".") if x.isdigit()) if v else ()
+
+
+def _one_version(samples: pd.DataFrame, chosen: bool) -> tuple[pd.DataFrame, str]:
+    """NCCL versions are separate populations too (their tuners choose differently).
+
+    Without ``nccl_version`` in the filter: the version with the most samples, ties to
+    the newest (an unrecorded version counts as the oldest); the note says which.
+    """
+    if samples.empty or samples["nccl_version"].astype(str).nunique() <= 1:
+        return samples, ""
+    ver = samples["nccl_version"].astype(str)
+    counts = ver.value_counts()
+    if chosen:
+        raise InputError(
+            "nccl_version",
+            f"{', '.join(sorted(v or 'unrecorded' for v in counts.index))} select several NCCL versions; "
+            "their tuners pick different algorithms, fit one at a time",
+        )
+    best = max(counts.index, key=lambda v: (int(counts[v]), _version_key(v)))
+    listing = ", ".join(f"{v or 'unrecorded'}: {int(c)}" for v, c in sorted(counts.items()))
+    note = (
+        f"samples hold NCCL versions ({listing} samples); used {best or 'unrecorded'} (most samples, ties to "
+        "the newest); versions are never pooled, choose another with where nccl_version=V"
+    )
+    return samples[ver == best], note
 
 
 def needs_text(system: str) -> str:

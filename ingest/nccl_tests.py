@@ -308,27 +308,45 @@ def collect_files(paths: Iterable[Path]) -> tuple[list[Path], list[Path]]:
 
 
 def ingest_nccl_tests(
-    paths: list[Path], *, name: str, system: str | None
+    paths: list[Path], *, name: str, system: str | None, skip_bad: bool = False
 ) -> tuple[RunMeta, dict[str, pd.DataFrame]]:
     """Parse nccl-tests logs (files or directories of them) into a run's meta and tables.
 
     The run holds one ``samples`` table; ``run.json`` lists every source with its sha256
-    and notes what was not a log (e.g. ``nodes.dat``) so nothing is dropped unseen.
+    and notes what was not a log (e.g. ``nodes.dat``) so nothing is dropped unseen.  A
+    log that cannot be parsed (cut off, garbled) raises :class:`InputError` naming it;
+    with ``skip_bad`` it is left out and recorded in the notes.
     """
     logs, others = collect_files(paths)
     if not logs:
         where = ", ".join(str(p) for p in paths) or "(no paths)"
         raise InputError(where, "no nccl-tests logs found")
-    parsed = [_parse(f) for f in logs]
-    samples = pd.concat([df for df, _ in parsed], ignore_index=True)
     notes = []
+    parsed, good = [], []
+    for f in logs:
+        try:
+            df, info = _parse(f)
+            if not info.has_trailer:
+                raise InputError(f, "no '# Avg bus bandwidth' trailer after the last size: the log is cut off")
+            parsed.append((df, info))
+            good.append(f)
+        except InputError as exc:
+            if not skip_bad:
+                raise InputError(
+                    exc.where, f"{exc.problem}; remove it, or skip_bad to ingest the rest"
+                ) from None
+            notes.append(f"skipped bad file {exc.line()}")
+    if not parsed:
+        raise InputError(
+            ", ".join(str(p) for p in paths), "every nccl-tests log was bad: " + "; ".join(notes)
+        )
+    logs = good
+    samples = pd.concat([df for df, _ in parsed], ignore_index=True)
     if others:
         notes.append(f"not nccl-tests output, not ingested: {', '.join(str(o) for o in others)}")
     for f, (_, info) in zip(logs, parsed):
         if info.n_library_lines:
             notes.append(f"{f}: {info.n_library_lines} NCCL library log lines (not measurements)")
-        if not info.has_trailer:
-            notes.append(f"{f}: no '# Avg bus bandwidth' trailer: the run may have been cut short")
     versions = sorted(set(samples["nccl_version"]) - {""})
     n_unknown = samples.loc[samples["nccl_version"] == "", "file"].nunique()
     if n_unknown:

@@ -47,6 +47,8 @@ class IngestOptions:
     zero_stage: int | None = None
     model: dict[str, Any] = field(default_factory=dict)
     rules: Rules = DEFAULT_RULES
+    #: leave out empty or cut-off nccl-tests logs of a directory (each recorded in the run's notes)
+    skip_bad: bool = False
 
     def __post_init__(self) -> None:
         if self.framework is not None and self.framework not in FRAMEWORKS:
@@ -190,11 +192,14 @@ def _unlaunched_in_first_window(ev, tl) -> int:
     return int((in_first & no_launch).sum() + comm_first.sum())
 
 
-def find_inputs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path], list[str]]:
+def find_inputs(
+    paths: Sequence[str | Path], skip_bad: bool = False
+) -> tuple[list[Path], list[Path], list[str]]:
     """Split the given files/directories into Kineto traces and nccl-tests logs, by content.
 
     Files named explicitly must be one or the other.  Inside directories, files that are
-    neither (host lists, READMEs) are skipped and reported in the returned notes.
+    neither (host lists, READMEs) are skipped and reported in the returned notes; an
+    empty file (a failed job) is refused, or with ``skip_bad`` skipped and noted.
     """
     from calib.ingest.nccl_tests import looks_like_nccl_tests
 
@@ -221,6 +226,13 @@ def find_inputs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path], li
             if not explicit and f.name == RUN_CONFIG_NAME:
                 continue  # the capture sidecar: read by ingest(), not a trace
             head = sniff(f, 4096)
+            if not explicit and not head.strip():
+                if not skip_bad:
+                    raise InputError(
+                        f, "empty file (a failed job?); remove it, or skip_bad to ingest the rest"
+                    )
+                notes.append(f"skipped bad file {f}: empty")
+                continue
             first = head.lstrip()[:1]
             if first in ("{", "["):
                 if not explicit and not f.name.endswith(_TRACE_SUFFIXES):
@@ -259,14 +271,14 @@ def ingest(
     ``executor`` says how the ranks are run (serial, process pool, Dask) and with what
     memory budget; every executor gives the same run.
     """
-    traces, logs, notes = find_inputs(paths)
+    traces, logs, notes = find_inputs(paths, options.skip_bad)
     options, sidecar_notes = apply_run_config(paths, options)
     notes = [*notes, *sidecar_notes]
     name = options.name or _default_name(paths)
     if logs:
         from calib.ingest.nccl_tests import ingest_nccl_tests
 
-        meta, tables = ingest_nccl_tests(logs, name=name, system=options.system)
+        meta, tables = ingest_nccl_tests(logs, name=name, system=options.system, skip_bad=options.skip_bad)
         return replace(meta, notes=(*meta.notes, *notes)), tables
     hints = _rank_hints(traces)
     jobs = [RankJob(p, h, options.rules) for p, h in zip(traces, hints, strict=True)]

@@ -109,7 +109,14 @@ def _progress(it):
     help="Memory ingest may use (e.g. 16G, 40%); split between workers. Traces that would not fit "
     "their share are streamed in batches. Default: half the memory available (cgroup-aware).",
 )
+@click.option(
+    "--skip-bad",
+    is_flag=True,
+    help="Leave out empty or cut-off nccl-tests logs of a directory (a failed job) and ingest the rest; "
+    "each skipped file is recorded in the run's notes.",
+)
 def ingest_cmd(
+    skip_bad,
     paths,
     system,
     run_name,
@@ -147,6 +154,7 @@ def ingest_cmd(
         zero_stage=zero_stage,
         model=_parse_model(model_spec),
         rules=load_rules(rules_file),
+        skip_bad=skip_bad,
     )
     spec = ExecutorSpec(
         kind=executor,
@@ -155,7 +163,10 @@ def ingest_cmd(
         memory=budget_from_option(max_memory),
         memory_from_user=max_memory is not None,
     )
-    meta, tables = run_ingest(paths, options, progress=_progress, executor=spec)
+    try:
+        meta, tables = run_ingest(paths, options, progress=_progress, executor=spec)
+    except InputError as exc:  # the stage names the field; the command line names the flag
+        raise InputError(exc.where, exc.problem.replace("skip_bad", "--skip-bad")) from None
     target = out_dir if out_dir is not None else run_dir(store or default_store(), meta.system, meta.name)
     write_run(target, meta, tables)
     if as_json:

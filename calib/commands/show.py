@@ -8,10 +8,81 @@ import click
 import numpy as np
 
 from calib.calibrate.calibration import Calibration, Param, Saturating
+from calib.core.collective_names import busbw_factor
 from calib.core.errors import InputError
 from calib.core.store import calibration_path, default_store
 
 DEFAULT_NODES = (128, 256, 540)
+DEFAULT_SIZES = "1M,16M,64M,256M,1G"
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+#: nccl-tests order, then the rest
+ORDER = ("allreduce", "allgather", "alltoall", "reducescatter", "broadcast", "reduce", "sendrecv")
+
+
+def predictions(cal: Calibration, nodes: tuple[int, ...], sizes: tuple[int, ...]) -> list[dict]:
+    """Predicted time and bus bandwidth per collective, node count and size, with a +-1 sigma band.
+
+    Across nodes the network model's time with every fitted parameter moved one standard
+    error towards slower (``busbw_lo_gbps``) and faster (``busbw_hi_gbps``).
+    """
+    gpn = max(int(cal.gpus_per_node), 1)
+    colls = [c for c in ORDER if c in cal.network] + sorted(set(cal.network) - set(ORDER))
+    if not colls:
+        colls = sorted({c.collective for c in cal.collectives}, key=lambda c: (c not in ORDER, c))
+    S = np.array(sizes, dtype=float)
+    out = []
+    for coll in colls:
+        net = cal.network.get(coll)
+        for nn in nodes:
+            n = nn * gpn
+            t = np.asarray(cal.collective_time_s(coll, S, n), dtype=float)
+            algo = np.full(S.shape, "-", dtype=object)
+            t_lo, t_hi = t, t
+            if net is not None and net.form == "nccl" and nn > 1:
+                t, algo = net.model_time_s(S, float(n))
+                t_lo = net.model_time_s(S, float(n), shift=1.0)[0]
+                t_hi = net.model_time_s(S, float(n), shift=-1.0)[0]
+            f = float(busbw_factor(coll, n)) if n > 1 else 1.0
+            f = 1.0 if not np.isfinite(f) else f
+            for b, tt, lo, hi, a in zip(S, t, t_lo, t_hi, algo):
+                rec = {
+                    "collective": coll,
+                    "nodes": int(nn),
+                    "gpus": int(n),
+                    "bytes": int(b),
+                    "time_s": float(tt),
+                    "busbw_gbps": float(b * f / tt / 1e9) if tt > 0 else None,
+                    "busbw_lo_gbps": float(b * f / max(lo, hi) / 1e9) if tt > 0 else None,
+                    "busbw_hi_gbps": float(b * f / min(lo, hi) / 1e9) if tt > 0 else None,
+                    "algorithm": str(a),
+                }
+                if net is not None and net.params.get("derived") is not None and net.params["derived"].value:
+                    rec["note"] = net.params["derived"].note
+                out.append(rec)
+    return out
+
+
+def render_predictions(preds: list[dict]) -> str:
+    L = ["Predicted collectives (busbw GB/s [-1 sigma .. +1 sigma]; time; algorithm):"]
+    for coll in dict.fromkeys(p["collective"] for p in preds):
+        rows = [p for p in preds if p["collective"] == coll]
+        note = next((p["note"] for p in rows if p.get("note")), "")
+        L.append(f"  {coll}" + (f"  ({note})" if note else ""))
+        for p in rows:
+            bw = p["busbw_gbps"]
+            text = "-" if bw is None else f"{bw:7.2f} [{p['busbw_lo_gbps']:.2f} .. {p['busbw_hi_gbps']:.2f}]"
+            L.append(
+                f"    {p['nodes']:>5} nodes ({p['gpus']:>5} GPUs) {_size(p['bytes']):>6}: {text:<28} "
+                f"{p['time_s'] * 1e3:10.3f} ms  {p['algorithm']}"
+            )
+    return "\n".join(L)
+
+
+def _size(b: int) -> str:
+    for unit, f in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if b >= f and b % f == 0:
+            return f"{b // f}{unit}"
+    return str(b)
 
 
 def _p(p: Param | None, scale: float = 1.0, fmt: str = "{:.4g}") -> str:
@@ -47,8 +118,6 @@ def _curve(name: str, c: Saturating | None, lines: list[str]) -> None:
 
 def render(cal: Calibration, *, brief: bool = False, nodes: tuple[int, ...] = DEFAULT_NODES) -> str:
     """The calibration as text: parameters with uncertainty, fit quality, predictions, provenance."""
-    from calib.calibrate import netmodel
-    from calib.calibrate.network import predict_busbw_gbps
 
     L: list[str] = []
     L.append(f"calibration of {cal.system}  (calib {cal.calib_version or '?'}, created {cal.created})")
@@ -76,38 +145,26 @@ def render(cal: Calibration, *, brief: bool = False, nodes: tuple[int, ...] = DE
                         else " time flat in size (latency-bound: busbw not resolved)"
                     )
                 )
-    L.append("\nNetwork scaling eff_{g->n} (large-message busbw at n GPUs / at g GPUs):")
+    L.append("\nNetwork model (NCCL structure across nodes; eff_{g->n} = busbw at n GPUs / at g, 1 GiB):")
     if not cal.network:
         L.append("  none (no multi-node collective samples)")
     gpn = max(cal.gpus_per_node, 1)
     n_gpus = np.array(nodes, dtype=float) * gpn
     for coll, ns in sorted(cal.network.items()):
-        lam = ns.params.get("lambda_s")
-        L.append(
-            f"  {coll:<13} form {ns.form}, g = {ns.g_gpus} GPUs, per-step latency lambda "
-            f"{_p(lam, 1e6, '{:.2f}')} us; {_q(ns.quality)}"
-        )
+        L.append(f"  {coll:<13} form {ns.form}, g = {ns.g_gpus} GPUs; {_q(ns.quality)}")
+        for k, v in ns.params.items():
+            if v.status != "fixed" and not brief:
+                L.append(f"      {k:<16} {_p(v)} {v.unit}" + (f"  ({v.note})" if v.note else ""))
+        if ns.form == "nccl" and ns.segments and not brief and coll == "allgather":
+            L.append("      ring step time tau(c) against per-rank chunk c (protocol/channel regimes):")
+            for sg in ns.segments:
+                L.append(
+                    f"        {sg.min_bytes:>12.0f} .. {sg.max_bytes:>12.0f} B: alpha {_p(sg.alpha_s, 1e6, '{:.1f}')} us,"
+                    f" busbw {_p(sg.busbw_gbps, 1, '{:.2f}')} GB/s"
+                )
         if ns.measured:
             L.append("      measured eff: " + ", ".join(f"{n} GPUs {e:.3f}" for n, e in ns.measured))
-        if ns.form != netmodel.FORM:
-            L.append("      eff at " + ", ".join(f"{n} nodes {e:.3f}" for n, e in zip(nodes, ns.eff(n_gpus))))
-            continue
-        p = {k: v.value for k, v in ns.params.items()}
-        s_ref = p["s_ref_bytes"]
-        mid = predict_busbw_gbps(ns, n_gpus)
-        se = lam.stderr if lam is not None and lam.stderr is not None else 0.0
-        lo = predict_busbw_gbps(ns, n_gpus, lambda_s=lam.value + se)
-        hi = predict_busbw_gbps(ns, n_gpus, lambda_s=lam.value - se)
-        alg = netmodel.algorithm_at({**p, "g_gpus": float(ns.g_gpus)}, n_gpus)
-        L.append(f"      predicted busbw at {s_ref / 2**20:.0f} MiB (GB/s; ±1 sigma of lambda):")
-        for nn, ng, m, a, b, al, e in zip(nodes, n_gpus, mid, lo, hi, alg, ns.eff(n_gpus)):
-            extra = ""
-            if p.get("tree_eff", 0) > 0:
-                ring = predict_busbw_gbps(ns, np.array([ng]), ring_only=True)[0]
-                extra = f"  (ring only: {ring:.1f})"
-            L.append(
-                f"        {nn:>5} nodes ({int(ng):>5} GPUs): {m:6.1f}  [{a:.1f} .. {b:.1f}]  eff {e:.3f}  {al}{extra}"
-            )
+        L.append("      eff at " + ", ".join(f"{n} nodes {e:.3f}" for n, e in zip(nodes, ns.eff(n_gpus))))
     L.append("\nCompute (x = FLOPs per matmul operator):")
     _curve("k1", cal.k1_curve, L)
     _curve("k2", cal.k2_curve, L)
@@ -129,6 +186,29 @@ def render(cal: Calibration, *, brief: bool = False, nodes: tuple[int, ...] = DE
             v = prov.get("versions", {})
             L.append("  versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
     return "\n".join(L)
+
+
+def _parse_sizes(text: str) -> tuple[int, ...]:
+    out = []
+    for tok in (t.strip() for t in text.split(",")):
+        if not tok:
+            continue
+        num, unit = (
+            tok.rstrip("KMGTBkmgtbi"),
+            tok[len(tok.rstrip("KMGTBkmgtbi")) :].upper().replace("IB", "").rstrip("B"),
+        )
+        try:
+            v = float(num) * _UNITS[unit]
+        except (ValueError, KeyError):
+            raise InputError(
+                "--sizes", f"expected sizes like 1M,16M,1G (binary units) or bytes, got '{tok}'"
+            ) from None
+        if not v >= 1:
+            raise InputError("--sizes", f"sizes must be at least 1 byte, got '{tok}'")
+        out.append(int(v))
+    if not out:
+        raise InputError("--sizes", f"no sizes in '{text}'")
+    return tuple(out)
 
 
 def _parse_nodes(text: str) -> tuple[int, ...]:
@@ -154,20 +234,47 @@ def _parse_nodes(text: str) -> tuple[int, ...]:
     show_default=True,
     help="Node counts at which to print the predicted large-message busbw (GB/s).",
 )
+@click.option(
+    "--sizes",
+    default=DEFAULT_SIZES,
+    show_default=True,
+    help="Message sizes (nccl-tests size; K/M/G are binary: 1M = 1048576 B) at which to predict each collective.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the predictions (and the calibration's notes) as JSON."
+)
 @click.option("--brief", is_flag=True, help="Leave out per-regime segments, notes of dispatch and versions.")
-def show(target: str, store: Path | None, nodes: str, brief: bool):
+def show(target: str, store: Path | None, nodes: str, sizes: str, as_json: bool, brief: bool):
     """Print a calibration: parameters with standard errors and status, fit quality (R²,
-    max relative error, held-out error, points), predicted large-message bus bandwidth
-    (GB/s) at --nodes from eff_{g->n}, and provenance.
+    max relative error, held-out error, points), the predicted time and bus bandwidth
+    (GB/s, ±1σ) of every collective at --nodes and --sizes, and provenance.  --json
+    prints {"system", "predictions": [{collective, nodes, gpus, bytes, time_s,
+    busbw_gbps, busbw_lo_gbps, busbw_hi_gbps, algorithm}], "notes"}.
 
     TARGET is a system name (its <store>/<system>/<system>.calib.json) or a calibration
     JSON file.
     """
     node_list = _parse_nodes(nodes)
+    size_list = _parse_sizes(sizes)
     path = Path(target)
     if not (path.suffix == ".json" or path.is_file()):
         path = calibration_path(store or default_store(), target)
         if not path.is_file():
             raise InputError(target, f"no calibration at {path} (run `calib fit --system {target}` first)")
     cal = Calibration.load(path)
+    preds = predictions(cal, node_list, size_list)
+    if as_json:
+        import json
+
+        doc = {
+            "system": cal.system,
+            "calibration": str(path),
+            "where": (cal.provenance or {}).get("where", {}),
+            "network_source": (cal.provenance or {}).get("network_source", ""),
+            "predictions": preds,
+            "notes": list(cal.notes),
+        }
+        click.echo(json.dumps(doc, indent=2, allow_nan=False))
+        return
     click.echo(render(cal, brief=brief, nodes=node_list))
+    click.echo("\n" + render_predictions(preds))

@@ -1,0 +1,207 @@
+"""NCCL's structure for collective times across nodes: algorithms, per-step costs, the choice.
+
+What NCCL does (``src/graph/tuning.cc`` and ``src/enqueue.cc``, 2.18-2.21), and how this
+model follows it:
+
+* **Ring** (all-gather, reduce-scatter, all-reduce; broadcast and reduce as a pipelined
+  chain).  A ring collective over n ranks is ``nsteps`` dependent steps -- n - 1 for
+  all-gather and reduce-scatter, 2 (n - 1) for all-reduce -- and in every step each
+  rank sends one per-rank chunk c = S / n to its neighbour; a step cannot start before
+  the previous one delivered.  The tuner's ring cost is ``nsteps`` x per-hop latency +
+  bytes / bandwidth, i.e. per step: latency + c / busbw.  Its protocol (LL, LL128,
+  Simple) and channel count (fewer channels while ``nBytes < nChannels x nThreads x
+  threshold x nRanks``) therefore depend on the chunk c alone once n is large (the
+  tuner's constant ``baseLat`` is shared by all n - 1 steps).  So the time of one ring
+  step is a function tau(c) of the chunk -- piecewise alpha-beta, one regime per
+  protocol/channel choice -- that does not depend on n, and
+  ``t_ring(n, S) = nsteps(n) * tau(S / n)``.  tau is fitted from nccl-tests logs in
+  chunk space (:mod:`calibrate.netfit`).  Every ring step crosses a node boundary when
+  gpus_per_node < n (the ring leaves each node once per channel), so the step runs at
+  the NIC level; inside a node the NVLink curves apply (``Calibration.collective_time_s``).
+* **Tree** (all-reduce only; NCCL's double binary tree across nodes, a chain inside each
+  node).  The tuner's tree latency is ``2 ((ppn - 1) intraLat + log2i(nNodes) interLat)``
+  with ``hwLat`` NVLink/Simple 4 us and NET/Simple 14 us; its bandwidth is one
+  pipelined stream.  Here ``t_tree = A * L_nccl(nodes, ppn) + S * 2 (n-1)/n / B_tree``:
+  NCCL's latency shape (constants fixed from tuning.cc) times a fitted scale A (the
+  real network's latency over NCCL's table), and a fitted tree bus bandwidth, at most
+  0.92 x the ring's (tuning.cc: ``busBw * .92`` for the tree).  A tree's neighbours
+  (node i and nodes 2i, 2i+1) lie anywhere in the machine, like all-to-all peers and
+  unlike a ring's, so its bytes get the topology's contention factor too.
+* **The choice**: NCCL takes the algorithm/protocol of least modelled time; this model
+  takes the least of its ring and tree times (protocols are inside tau).  NVLS and
+  CollNet need NVSwitch multicast / SHARP; a system whose spec has neither never uses
+  them (Polaris: neither), and no sample could calibrate them, so they are not modelled.
+* **All-to-all** (n - 1 point-to-point exchanges of S / n, all posted at once): one
+  per-peer cost l_peer for each of the n - 1 peers, plus the bytes leaving each node,
+  ``gpn * S * (n - gpn) / n``, over the node's effective NIC bandwidth B_node, slowed
+  by the topology's contention factor (:func:`contention`).
+* **Send/recv**: one hop, tau(S).
+
+Every function is vectorised over message sizes S (nccl-tests "size") and GPU counts n.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from calib.core.collective_names import (
+    ALLGATHER,
+    ALLREDUCE,
+    ALLTOALL,
+    BROADCAST,
+    REDUCE,
+    REDUCESCATTER,
+    SENDRECV,
+)
+
+FORM = "nccl"
+
+#: tuning.cc hwLat[NCCL_HW_NVLINK][NCCL_ALGO_TREE][NCCL_PROTO_SIMPLE] (us)
+NCCL_TREE_NVLINK_LAT_US = 4.0
+#: tuning.cc hwLat[NCCL_HW_NET][NCCL_ALGO_TREE][NCCL_PROTO_SIMPLE] (us)
+NCCL_TREE_NET_LAT_US = 14.0
+#: tuning.cc: tree bus bandwidth = ring's x .92 at most
+NCCL_TREE_BW_FACTOR = 0.92
+#: NCCL's Simple-protocol step: buffSize 4 MiB / NCCL_STEPS 8 = 512 KiB per channel; a
+#: broadcast/reduce chain forwards the message in pieces of this size
+NCCL_SIMPLE_STEP_BYTES = 512 * 1024.0
+
+MIN_PIECE_BYTES = 4096.0  # smallest piece a chain splits a message into
+TOPOLOGY_CODES = {"none": 0.0, "dragonfly": 1.0, "fat-tree": 2.0}
+
+RING_COLLECTIVES = (ALLGATHER, REDUCESCATTER)
+CHAIN_COLLECTIVES = (BROADCAST, REDUCE)
+MODELLED = (ALLREDUCE, ALLGATHER, REDUCESCATTER, ALLTOALL, BROADCAST, REDUCE, SENDRECV)
+
+
+def log2i(x: ArrayLike) -> np.ndarray:
+    """NCCL's ``log2i``: floor(log2(x)) for x >= 1, 0 below."""
+    return np.floor(np.log2(np.maximum(np.asarray(x, dtype=float), 1.0)))
+
+
+def ring_steps(collective: str, n: ArrayLike) -> np.ndarray:
+    """Dependent ring steps (tuning.cc ``nsteps``): 2(n-1) for all-reduce, n-1 otherwise."""
+    n = np.asarray(n, dtype=float)
+    return 2.0 * (n - 1.0) if collective == ALLREDUCE else n - 1.0
+
+
+def tree_latency_us(nodes: ArrayLike, gpus_per_node: float) -> np.ndarray:
+    """NCCL's tree latency shape 2((ppn-1) intraLat + log2i(nNodes) interLat), Simple, in us."""
+    return 2.0 * ((gpus_per_node - 1.0) * NCCL_TREE_NVLINK_LAT_US + log2i(nodes) * NCCL_TREE_NET_LAT_US)
+
+
+def contention(nodes: ArrayLike, p: Mapping[str, float]) -> np.ndarray:
+    """Slow-down of all-to-all bytes from the topology named in the system spec (>= 1).
+
+    Dragonfly (groups joined by global links) and fat tree (leaf switches joined by a
+    tapered upper level) alike: under uniform all-to-all a fraction
+    f = 1 - nodes_per_group / nodes of each node's bytes leaves its group, and the
+    upper level carries ``global_taper`` x the injection bandwidth per node, so once
+    f > taper those bytes run at taper / f of the NIC speed.  No topology: 1.
+    """
+    nodes = np.asarray(nodes, dtype=float)
+    if p.get("topology", 0.0) <= 0 or p.get("nodes_per_group", 0.0) <= 0:
+        return np.ones_like(nodes)
+    f = np.clip(1.0 - p["nodes_per_group"] / np.maximum(nodes, 1.0), 0.0, 1.0)
+    return np.maximum(1.0, f / max(p.get("global_taper", 1.0), 1e-9))
+
+
+def shifted_segments(segments: Sequence, shift: float) -> tuple:
+    """Segments with every latency raised and bandwidth lowered by ``shift`` standard errors
+    (shift < 0: the fast side).  Parameters without a standard error stay put."""
+    from dataclasses import replace
+
+    if not shift:
+        return tuple(segments)
+    out = []
+    for s in segments:
+        a, b = s.alpha_s, s.busbw_gbps
+        a_v = max(a.value + shift * (a.stderr or 0.0), 0.0)
+        b_v = max(b.value - shift * (b.stderr or 0.0), 1e-3 * b.value)
+        out.append(replace(s, alpha_s=replace(a, value=a_v), busbw_gbps=replace(b, value=b_v)))
+    return tuple(out)
+
+
+def step_time_s(segments: Sequence, chunk: ArrayLike) -> np.ndarray:
+    """tau(c): seconds of one ring step whose per-rank chunk is ``chunk`` bytes."""
+    from calib.calibrate.curves import CollectiveCurve
+
+    curve = CollectiveCurve(
+        collective=SENDRECV,
+        n_gpus=2,
+        n_nodes=2,
+        gpus_per_node=1,
+        alpha_s=segments[0].alpha_s,
+        busbw_gbps=segments[-1].busbw_gbps,
+        segments=tuple(segments),
+    )
+    c = np.maximum(np.asarray(chunk, dtype=float), 1.0)
+    return curve.time_s(c)
+
+
+def _v(p: Mapping, key: str, shift: float, sign: float = 1.0) -> float:
+    """Parameter value moved by ``shift`` standard errors (``sign`` -1: larger is faster)."""
+    prm = p[key]
+    if isinstance(prm, (int, float)):
+        return float(prm)
+    se = prm.stderr if prm.stderr is not None and np.isfinite(prm.stderr) else 0.0
+    return float(prm.value + sign * shift * se)
+
+
+def time_s(
+    collective: str,
+    params: Mapping,
+    segments: Sequence,
+    nbytes: ArrayLike,
+    n_gpus: ArrayLike,
+    gpus_per_node: float,
+    *,
+    shift: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, algorithm) of ``collective`` of ``nbytes`` over ``n_gpus`` spanning nodes.
+
+    ``params`` maps names to :class:`Param` (or floats); ``segments`` is tau(c).
+    ``shift`` moves every fitted parameter by that many standard errors towards slower
+    (+) or faster (-): the +-1 sigma band.
+    """
+    S, n = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(n_gpus, dtype=float))
+    gpn = float(gpus_per_node)
+    nodes = np.maximum(n / gpn, 1.0)
+    ring = np.full(S.shape, "ring", dtype=object)
+    if collective == ALLTOALL:
+        peer = _v(params, "per_peer_s", shift)
+        bw = max(_v(params, "node_busbw_gbps", shift, -1.0), 1e-6) * 1e9
+        node_bytes = gpn * S * np.maximum(n - gpn, 0.0) / n
+        t = (n - 1.0) * peer + node_bytes / bw * contention(nodes, _floats(params))
+        return t, np.full(S.shape, "p2p", dtype=object)
+    segs = shifted_segments(segments, shift)
+    if collective == SENDRECV:
+        return step_time_s(segs, S), np.full(S.shape, "p2p", dtype=object)
+    if collective in CHAIN_COLLECTIVES:
+        # a chain pipelines the message in pieces of at most one NCCL step; fewer, larger
+        # pieces cost less fill, more pieces overlap more: the best split (k = 2^j pieces)
+        q = _v(params, "pipeline_bytes", 0.0)
+        k = np.maximum(np.ceil(S / q), 1.0)[..., None] * 2.0 ** np.arange(12)
+        piece = S[..., None] / k
+        t = (n[..., None] + k - 2.0) * step_time_s(segs, piece)
+        t = np.where((piece >= MIN_PIECE_BYTES) | (k == k[..., :1]), t, np.inf)
+        return t.min(axis=-1), ring
+    t_ring = ring_steps(collective, n) * step_time_s(segs, S / n)
+    if collective != ALLREDUCE:
+        return t_ring, ring
+    t_ring = t_ring * _v(params, "ring_step_ratio", shift)
+    if "tree_lat_scale" not in params:
+        return t_ring, ring
+    scale = max(_v(params, "tree_lat_scale", shift), 0.0)
+    b_tree = max(_v(params, "tree_busbw_gbps", shift, -1.0), 1e-6) * 1e9
+    cont = contention(nodes, _floats(params))
+    t_tree = scale * tree_latency_us(nodes, gpn) * 1e-6 + S * 2.0 * (n - 1.0) / n / b_tree * cont
+    use_tree = t_tree < t_ring
+    return np.where(use_tree, t_tree, t_ring), np.where(use_tree, "tree", "ring")
+
+
+def _floats(params: Mapping) -> dict[str, float]:
+    return {k: (float(v) if isinstance(v, (int, float)) else float(v.value)) for k, v in params.items()}

@@ -1,0 +1,357 @@
+"""Fit the NCCL-structured collective model (:mod:`calibrate.ncclmodel`) from nccl-tests logs.
+
+Three fits, each from the inter-node (curve, series) pairs of one population:
+
+1. **Ring step tau(c)** -- from all-gather (and reduce-scatter) logs mapped to chunk
+   space: a point (n GPUs, size S, time T) becomes (c = S / n, tau = T / (n - 1)).
+   Scales with more than two nodes are used when there are any: NCCL's tuner treats
+   nNodes <= 2 apart (tuning.cc takes ``bwIntra`` and the N1/N2 columns of its bandwidth
+   tables there, the N4 column beyond), so its protocol and channel choices at 2 nodes
+   are not those of larger jobs.  tau is a piecewise alpha-beta curve (one regime per
+   protocol/channel choice; :func:`calibrate.collectives.fit_curve`), every regime's
+   latency and bandwidth with its standard error.  Without all-gather samples the
+   all-reduce logs are used (2 (n - 1) steps), with a note.
+2. **All-reduce**: ``min(rho * 2 (n-1) tau(S/n), A * L_nccl(nodes) + S 2(n-1)/n / B_tree)``
+   over every inter-node scale, sizes >= :data:`MIN_FIT_BYTES`: rho (all-reduce step over
+   all-gather step: the reduction), A (tree latency over NCCL's table) and B_tree, by
+   ``scipy.optimize.least_squares`` on log-time residuals with a soft-L1 loss (NCCL's
+   tuner sometimes picks the slower algorithm; one such size must not drag the fit).
+3. **All-to-all**: ``(n-1) l_peer + gpn S (n-gpn)/n / B_node * contention(nodes)``: l_peer
+   and B_node fitted on every inter-node scale, the contention factor fixed from the
+   system spec's topology.
+
+Reduce-scatter (without samples), broadcast, reduce and send/recv are derived from tau
+with a note.  Standard errors come from the Jacobian: sigma^2 (J^T J)^-1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from calib.calibrate import ncclmodel
+from calib.calibrate.calibration import (
+    DEFAULT,
+    FITTED,
+    FIXED,
+    CollectiveCurve,
+    FitQuality,
+    NetworkScaling,
+    Param,
+)
+from calib.calibrate.collectives import SizeSeries, fit_curve
+from scipy.optimize import least_squares
+
+from calib.core.collective_names import (
+    ALLGATHER,
+    ALLREDUCE,
+    ALLTOALL,
+    BROADCAST,
+    REDUCE,
+    REDUCESCATTER,
+    SENDRECV,
+    busbw_factor,
+)
+from calib.core.errors import InputError
+
+MIN_FIT_BYTES = 256 * 1024.0
+#: an all-reduce size faster than this fraction of the ring's time ran NCCL's tree
+TREE_RATIO = 0.8
+#: tuning.cc hwLat[NCCL_HW_NET][NCCL_ALGO_RING][NCCL_PROTO_SIMPLE] (us)
+NCCL_RING_NET_LAT_US = 14.0
+TREE_LAT_TEXT = "2((ppn-1)*4 us + log2i(nodes)*14 us) (tuning.cc hwLat, Simple)"
+S_REF = float(2**30)
+Pair = tuple[CollectiveCurve, SizeSeries]
+
+
+def fit_nccl(
+    pairs: Mapping[str, Sequence[Pair]],
+    *,
+    where: str,
+    topology: Mapping[str, float] | None = None,
+    topology_note: str = "",
+) -> tuple[dict[str, NetworkScaling], list[str]]:
+    """The model per collective (``form="nccl"``) and notes; inter-node scales only."""
+    inter = {
+        c: sorted((p for p in ps if p[0].n_nodes > 1), key=lambda p: p[0].n_gpus) for c, ps in pairs.items()
+    }
+    inter = {c: ps for c, ps in inter.items() if ps}
+    if not inter:
+        return {}, []
+    notes: list[str] = []
+    gpn = int(next(iter(inter.values()))[0][0].gpus_per_node)
+    step_src = [c for c in (ALLGATHER, REDUCESCATTER) if c in inter] or [
+        c for c in (ALLREDUCE,) if c in inter
+    ]
+    out: dict[str, NetworkScaling] = {}
+    steps = None
+    if step_src:
+        steps, used = _fit_steps([p for c in step_src for p in inter[c]], where)
+        if step_src == [ALLREDUCE]:
+            notes.append(
+                "no all-gather/reduce-scatter samples: the ring step curve comes from the all-reduce logs "
+                "read as rings (2(n-1) steps); where NCCL ran a tree there, it is optimistic"
+            )
+        for coll in (ALLGATHER, REDUCESCATTER):
+            base = {"gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines")}
+            derived = coll not in inter
+            src = inter.get(coll) or inter.get(ALLGATHER) or inter.get(REDUCESCATTER) or inter[ALLREDUCE]
+            out[coll] = _scaling(coll, base, steps, src, gpn, derived=derived, used=used)
+    if ALLREDUCE in inter and steps is not None:
+        out[ALLREDUCE] = _fit_allreduce(inter[ALLREDUCE], steps, gpn, where, topology or {}, topology_note)
+    if ALLTOALL in inter:
+        out[ALLTOALL] = _fit_alltoall(inter[ALLTOALL], gpn, where, topology or {}, topology_note)
+    if steps is not None:
+        src = inter.get(ALLGATHER) or next(iter(inter.values()))
+        for coll in (BROADCAST, REDUCE, SENDRECV):
+            base = {"gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines")}
+            if coll != SENDRECV:
+                base["pipeline_bytes"] = _fixed(
+                    ncclmodel.NCCL_SIMPLE_STEP_BYTES,
+                    "NCCL Simple step (buffSize 4 MiB / NCCL_STEPS 8): the chain forwards pieces of this size",
+                    unit="B",
+                )
+            out[coll] = _scaling(coll, base, steps, src, gpn, derived=coll not in inter, used="")
+    return out, notes
+
+
+# ---- tau(c): the ring step ----------------------------------------------------------------
+def _fit_steps(pairs: Sequence[Pair], where: str) -> tuple[CollectiveCurve, str]:
+    big = [p for p in pairs if p[0].n_nodes > 2]
+    use = big or list(pairs)
+    c_all, t_all = [], []
+    for _, s in use:
+        k = ncclmodel.ring_steps(s.collective, s.n_gpus)
+        c_all.append(s.bytes / s.n_gpus)
+        t_all.append(s.time_s / k)
+    c, t = np.concatenate(c_all), np.concatenate(t_all)
+    order = np.argsort(c, kind="stable")
+    used = ", ".join(f"{s.collective} {s.n_nodes} nodes" for _, s in use)
+    series = SizeSeries(
+        collective=SENDRECV,
+        n_gpus=2,
+        n_nodes=2,
+        gpus_per_node=1,
+        bytes=c[order],
+        time_s=t[order],
+        n_samples=int(sum(s.n_samples for _, s in use)),
+        source=f"ring steps of {used}",
+    )
+    if len(c) < 3:
+        raise InputError(where, f"ring step curve needs >= 3 message sizes, got {len(c)} ({used})")
+    return fit_curve(series), used
+
+
+def _scaling(
+    coll: str,
+    params: dict[str, Param],
+    steps: CollectiveCurve,
+    src: Sequence[Pair],
+    gpn: int,
+    *,
+    derived: bool,
+    used: str,
+    quality: FitQuality | None = None,
+) -> NetworkScaling:
+    params = {
+        **params,
+        "s_ref_bytes": _fixed(S_REF, "reference message of eff_{g->n}", unit="B"),
+        "derived": Param(
+            1.0 if derived else 0.0,
+            status=FIXED,
+            note=(
+                f"no {coll} samples: derived from the fitted ring step curve ({steps.source})"
+                if derived
+                else f"ring step curve fitted on {used}"
+                if used
+                else ""
+            ),
+        ),
+    }
+    ns = NetworkScaling(
+        collective=coll,
+        form=ncclmodel.FORM,
+        g_gpus=int(src[0][0].n_gpus),
+        params=params,
+        quality=quality if quality is not None else steps.quality,
+        segments=steps.segments,
+    )
+    meas = () if derived else _measured_eff(coll, src)
+    from dataclasses import replace
+
+    return replace(ns, measured=meas)
+
+
+def _measured_eff(coll: str, src: Sequence[Pair]) -> tuple[tuple[int, float], ...]:
+    s_ref = min(float(s.bytes.max()) for _, s in src)
+    out, base = [], None
+    for _, s in src:
+        i = np.flatnonzero(s.bytes == s_ref)
+        if not len(i):
+            continue
+        busbw = s_ref * float(busbw_factor(coll, s.n_gpus)) / s.time_s[i[0]]
+        base = busbw if base is None else base
+        out.append((int(s.n_gpus), float(busbw / base)))
+    return tuple(out)
+
+
+# ---- least squares with standard errors ---------------------------------------------------
+def _lsq(resid, x0, lower, upper, where: str, what: str, n_pts: int):
+    sol = least_squares(
+        resid,
+        np.asarray(x0, float),
+        bounds=(lower, upper),
+        x_scale=np.abs(x0) + 1e-12,
+        loss="soft_l1",
+        f_scale=0.1,
+    )
+    if not sol.success or not np.all(np.isfinite(sol.x)):
+        raise InputError(where, f"{what}: fit did not converge on {n_pts} points ({sol.message})")
+    r = resid(sol.x)
+    dof = len(r) - len(sol.x)
+    se = np.full(len(sol.x), np.nan)
+    if dof > 0:
+        cov = np.linalg.pinv(sol.jac.T @ sol.jac) * float(r @ r) / dof
+        se = np.sqrt(np.clip(np.diag(cov), 0, None))
+    return sol.x, se, r
+
+
+def _quality(r_log: np.ndarray, y: np.ndarray, note: str) -> FitQuality:
+    rel = np.exp(-r_log) - 1.0  # busbw pred / meas - 1 = t_meas / t_pred - 1
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    return FitQuality(
+        n_points=int(len(r_log)),
+        r2=1.0 - float(np.sum(r_log**2)) / ss_tot if ss_tot > 0 else None,
+        rmse=float(np.sqrt(np.mean(rel**2))),
+        max_abs_rel_err=float(np.max(np.abs(rel))),
+        residuals=tuple(float(x) for x in rel),
+        note=note,
+    )
+
+
+def _points(pairs: Sequence[Pair], min_bytes: float):
+    n, S, T = [], [], []
+    for _, s in pairs:
+        m = s.bytes >= min_bytes
+        if m.sum() < 3:
+            m = np.ones(len(s.bytes), bool)
+        n.append(np.full(int(m.sum()), float(s.n_gpus)))
+        S.append(s.bytes[m])
+        T.append(s.time_s[m])
+    return np.concatenate(n), np.concatenate(S), np.concatenate(T)
+
+
+def _fit_allreduce(
+    pairs: Sequence[Pair],
+    steps: CollectiveCurve,
+    gpn: int,
+    where: str,
+    topo: Mapping[str, float],
+    topo_note: str,
+) -> NetworkScaling:
+    """rho from the sizes the ring explains; (A, B_tree) from those it cannot (the tree's)."""
+    n, S, T = _points(pairs, MIN_FIT_BYTES)
+    ring0 = ncclmodel.ring_steps(ALLREDUCE, n) * ncclmodel.step_time_s(steps.segments, S / n)
+    ratio = T / ring0
+    is_tree = ratio < TREE_RATIO
+    rr = ratio[~is_tree] if (~is_tree).sum() >= 2 else ratio
+    rho, se_rho = float(np.median(rr)), float(np.std(rr) / np.sqrt(max(len(rr) - 1, 1)))
+    lat_units = ncclmodel.tree_latency_us(n / gpn, gpn) * 1e-6
+    bus = S * 2.0 * (n - 1.0) / n * 1e-9 * ncclmodel.contention(n / gpn, topo)
+    cap = ncclmodel.NCCL_TREE_BW_FACTOR * steps.segments[-1].busbw_gbps.value
+    scales = sorted({int(v) for v in n})
+    tree_note = f"{int(is_tree.sum())} of {len(T)} sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB at {scales} GPUs ran " \
+        f"below {TREE_RATIO} x the ring's time (NCCL's tree)"  # fmt: skip
+    if is_tree.sum() >= 3:
+
+        def resid(x):
+            return np.log(x[0] * lat_units[is_tree] + bus[is_tree] / x[1]) - np.log(T[is_tree])
+
+        b0 = min(float(np.median(bus[is_tree] / T[is_tree])), 0.9 * cap)
+        x, se, _ = _lsq(
+            resid, [5.0, b0], [0.0, 1e-3], [1e4, cap], where, "all-reduce tree", int(is_tree.sum())
+        )
+        at_cap = x[1] >= cap * (1 - 1e-6)
+        lat = _param(x[0], se[0], "", FITTED, f"tree latency over NCCL's {TREE_LAT_TEXT}; {tree_note}")
+        bw = _param(
+            x[1], np.nan if at_cap else se[1], "GB/s", FITTED,
+            f"tree bus bandwidth, at most {ncclmodel.NCCL_TREE_BW_FACTOR} x the ring step plateau (tuning.cc)"
+            + (" -- at that bound" if at_cap else "") + f"; {tree_note}",
+        )  # fmt: skip
+    else:
+        # no tree regime in the data: NCCL's own tree model, scaled like the measured ring
+        # (its step latency over NCCL's ring Simple hwLat, NET 14 us), busbw 0.92 x ring
+        a_ring = max(s.alpha_s.value for s in steps.segments) / (NCCL_RING_NET_LAT_US * 1e-6)
+        why = f"{tree_note}: too few to fit; default"
+        lat = Param(
+            a_ring, status=DEFAULT, note=f"{why}: the ring step latency over NCCL's ring NET Simple 14 us"
+        )
+        bw = Param(
+            cap, unit="GB/s", status=DEFAULT, note=f"{why}: NCCL's tree factor 0.92 x the ring step plateau"
+        )
+    params = {
+        "gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines"),
+        "ring_step_ratio": _param(
+            rho,
+            se_rho,
+            "",
+            FITTED,
+            "all-reduce ring step over the all-gather ring step "
+            f"(median over the {len(rr)} ring-regime sizes)",
+        ),  # fmt: skip
+        **_topology_params(topo, topo_note),
+        "tree_lat_scale": lat,
+        "tree_busbw_gbps": bw,
+    }
+    ns = _scaling(ALLREDUCE, params, steps, pairs, gpn, derived=False, used="")
+    t_pred, _ = ns.model_time_s(S, n)
+    r = np.log(t_pred) - np.log(T)
+    q = _quality(r, np.log(T), f"min(ring, tree) on sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB at {scales} GPUs")
+    from dataclasses import replace
+
+    return replace(ns, quality=q)
+
+
+def _fit_alltoall(
+    pairs: Sequence[Pair], gpn: int, where: str, topo: Mapping[str, float], topo_note: str
+) -> NetworkScaling:
+    n, S, T = _points(pairs, 0.0)
+    node_bytes = gpn * S * np.maximum(n - gpn, 0.0) / n * 1e-9
+    cont = ncclmodel.contention(n / gpn, topo)
+
+    def resid(x):
+        return np.log((n - 1.0) * x[0] + node_bytes / x[1] * cont) - np.log(T)
+
+    bw0 = float(np.median(node_bytes / T))
+    x, se, r = _lsq(resid, [1e-5, bw0], [0.0, 1e-3], [1.0, 1e4], where, "all-to-all", len(T))
+    scales = sorted({int(v) for v in n})
+    params = {
+        "gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines"),
+        "per_peer_s": _param(x[0], se[0], "s", FITTED, "cost per peer (n - 1 peers)"),
+        "node_busbw_gbps": _param(x[1], se[1], "GB/s", FITTED, "bytes leaving a node per second (its NICs)"),
+        **_topology_params(topo, topo_note),
+    }
+    q = _quality(r, np.log(T), f"per-peer cost + node NIC bytes at {scales} GPUs, all sizes")
+    return _scaling(ALLTOALL, params, _no_steps(), pairs, gpn, derived=False, used="", quality=q)
+
+
+def _topology_params(topo: Mapping[str, float], note: str) -> dict[str, Param]:
+    src = note or "no topology in the system spec: no contention term"
+    return {
+        "topology": _fixed(float(topo.get("topology", 0.0)), f"0 none, 1 dragonfly, 2 fat tree; {src}"),
+        "nodes_per_group": _fixed(float(topo.get("nodes_per_group", 0.0)), src),
+        "global_taper": _fixed(float(topo.get("global_taper", 1.0)), src),
+    }
+
+
+def _no_steps() -> CollectiveCurve:
+    p = Param(0.0, status=FIXED)
+    return CollectiveCurve(SENDRECV, 2, 2, 1, alpha_s=p, busbw_gbps=p, source="")
+
+
+def _param(v: float, se: float, unit: str, status: str, note: str) -> Param:
+    return Param(float(v), stderr=float(se) if np.isfinite(se) else None, unit=unit, status=status, note=note)
+
+
+def _fixed(v: float, note: str, unit: str = "") -> Param:
+    return Param(float(v), unit=unit, status=FIXED, note=note)
