@@ -42,6 +42,7 @@ from calib.calibrate.curves import (  # noqa: F401 - re-exported: the contract's
     register_form,
     scaling_form,
 )
+from calib.calibrate.device_model import DeviceModel
 from calib.calibrate.params import (  # noqa: F401 - re-exported
     DEFAULT,
     FITTED,
@@ -96,6 +97,9 @@ class Calibration:
     k1_curve: Saturating | None = None
     k2_curve: Saturating | None = None
     dispatch: Mapping[str, Param] = field(default_factory=dict)  # intra_op_s_per_op, inter_op_s_per_op
+    #: the physical compute model of the traced device (GEMM roofline, attention, streamed
+    #: bytes, optimizer, host, memory), fitted from GPU traces; None without them
+    device_model: DeviceModel | None = None
     provenance: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     created: str = ""
@@ -298,6 +302,7 @@ class Calibration:
                 "k1_curve": curve("k1_curve"),
                 "k2_curve": curve("k2_curve"),
                 "dispatch": {k: Param.from_json(v) for k, v in d.get("dispatch", {}).items()},
+                "device_model": DeviceModel.from_json(d.get("device_model")),
                 "notes": tuple(d.get("notes", ())),
             }
         )

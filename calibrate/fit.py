@@ -17,12 +17,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import scipy
-from calib.calibrate import compute
+from calib.calibrate import compute, device_facts, device_fit
 from calib.calibrate.calibration import Calibration, Param, Saturating
 from calib.calibrate.collectives import fit_series, size_series
+from calib.calibrate.device_model import DeviceModel
 from calib.calibrate.network import fit_networks
 from calib.calibrate.select import Selection, needs_text, select
 
+from calib.core.devices import limits_for
 from calib.core.errors import InputError
 
 
@@ -144,6 +146,7 @@ def fit_system(
     dispatch = dict(cf.dispatch) or {
         k: compute.default_note(v, f"{no_traces}; value is calib's default") for k, v in base.dispatch.items()
     }
+    device_model = _device_model(sel, samples, peak_info, profiler_overhead, notes)
     if not curves:
         notes.append(f"no nccl-tests samples: no collective curves. {needs_text(system)}")
     elif not any(c.n_nodes <= 1 for c in curves):
@@ -162,6 +165,7 @@ def fit_system(
         k1_curve=k1,
         k2_curve=k2,
         dispatch=dispatch,
+        device_model=device_model,
         provenance={
             **_provenance(sel, source, cf.points),
             **_node_provenance(slots, gpn, node_pts, slowdowns),
@@ -172,6 +176,28 @@ def fit_system(
         created=base.created,
         calib_version=_version(),
     )
+
+
+def _device_model(sel: Selection, samples: pd.DataFrame, peak_info, profiler_overhead: float | None,
+                  notes: list[str]) -> DeviceModel | None:  # fmt: skip
+    """The physical compute model from the GPU trace runs that recorded shapes and a model."""
+    runs = [f for f in (device_facts.facts(r) for r in sel.trace_runs) if f is not None]
+    if not runs:
+        return None
+    device = _device(sel) or "gpu"
+    lim = limits_for(device)
+    if lim is not None:
+        peak, hbm, source = lim.bf16_tflops, lim.hbm_tbps, lim.source
+    elif peak_info is not None:
+        peak, hbm, source = peak_info.tflops, 0.0, "best calib bench gemm throughput (no datasheet known)"
+    else:
+        peak, hbm, source = 0.0, 0.0, "no datasheet and no benchmark: rates are absolute"
+    stated = profiler_overhead - 1.0 if profiler_overhead else None
+    dm = device_fit.fit_device(runs, samples, device, peak, hbm, source, stated_overhead=stated)
+    dm = replace(dm, runs=device_fit.check_runs(dm, runs, samples, stated_overhead=stated))
+    notes.extend(dm.notes)
+    notes.append(device_fit.summary(dm))
+    return dm
 
 
 def _network(sel: Selection, where: str, notes: list[str]):

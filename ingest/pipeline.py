@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from calib.ingest import buckets as _buckets
 from calib.ingest import collectives as _collectives
+from calib.ingest import device_ops as _device_ops
 from calib.ingest import frameworks as _frameworks
 from calib.ingest import gemms as _gemms
 from calib.ingest.capture.runconfig import RUN_CONFIG_NAME
@@ -29,6 +30,7 @@ from calib.ingest.reader import InflateLimit, RawTrace, read_trace, sniff
 from calib.ingest.rules import DEFAULT_RULES, Rules
 from calib.ingest.timeline import build as build_timeline
 
+from calib.core.devices import limits_for, physics_warning
 from calib.core.errors import InputError
 from calib.core.schema import KIND_TRACE, Framework, ProcessGroup, RunMeta, SourceFile
 
@@ -46,6 +48,7 @@ class IngestOptions:
     framework: str | None = None
     zero_stage: int | None = None
     model: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)
     rules: Rules = DEFAULT_RULES
 
     def __post_init__(self) -> None:
@@ -120,6 +123,7 @@ def ingest_rank(
     n_g, f_g = _gemms.per_window(gem, tl.iteration)
     tables["buckets"] = tables["buckets"].assign(n_gemms=n_g, gemm_flops=f_g)
     tables["gemms"] = gem
+    tables.update(_device_ops.compute(ev, tl, rank))
     tables["collectives"] = _collectives.compute(ev, tl, rank, dist)
     groups = _frameworks.process_groups(dist)
     framework = _frameworks.detect(ev, dist, groups)
@@ -129,6 +133,7 @@ def ingest_rank(
     notes = [*read_notes, *tl.notes]
     if tl.device == "gpu" and len(tl.act_start) and (tl.act_launch_op < 0).mean() > 0.5:
         notes.append("most kernels could not be tied to a launching host op (no correlation ids)")
+    notes.extend(_physics_checks(tables, devices))
     unlaunched = _unlaunched_in_first_window(ev, tl)
     if unlaunched:
         notes.append(
@@ -175,6 +180,42 @@ def _read(path: Path, budget: int | None) -> tuple[RawTrace, Events, list[str]]:
         f"over this worker's {memory.human(budget)} budget"
     )
     return raw, ev, [note]
+
+
+def _physics_checks(tables: dict[str, pd.DataFrame], devices: tuple[str, ...]) -> list[str]:
+    """Kernel classes faster than the device can run: GEMM FLOP/s above the datasheet
+    peak, streamed bytes/s above HBM bandwidth (inputs beyond the L2 cache only)."""
+    lim = next((x for x in map(limits_for, devices) if x is not None), None)
+    if lim is None:
+        return []
+    out = []
+    g = tables["gemms"]
+    g = g[(g["device"] == "gpu") & (g["dur_s"] > 0)]
+    if len(g):
+        tflops = g["flops"].sum() / g["dur_s"].sum() / 1e12
+        if tflops > lim.bf16_tflops:
+            out.append(
+                physics_warning(
+                    "gemm",
+                    f"matmuls run at {tflops:.0f} TFLOP/s, above the {lim.bf16_tflops:.0f} TFLOP/s peak of {lim.source}",
+                )
+            )
+    ops = tables.get("device_ops")
+    if ops is not None and len(ops):
+        big = ops[
+            (ops["in_bytes"] > 256e6)
+            & ops["kernel_class"].isin(["elementwise", "copy_concat", "normalization"])
+        ]
+        for cls, grp in big.groupby("kernel_class"):
+            tbps = grp["in_bytes"].sum() / max(grp["dur_s"].sum(), 1e-12) / 1e12
+            if tbps > lim.hbm_tbps * 1.05:
+                out.append(
+                    physics_warning(
+                        str(cls),
+                        f"kernels read {tbps:.2f} TB/s, above the {lim.hbm_tbps} TB/s HBM bandwidth of {lim.source}",
+                    )
+                )
+    return out
 
 
 def _unlaunched_in_first_window(ev, tl) -> int:
@@ -296,7 +337,17 @@ def apply_run_config(paths: Sequence[str | Path], options: IngestOptions) -> tup
     if stage is not None and stage not in (0, 1, 2, 3):
         raise InputError(where, f"ZeRO stage must be 0, 1, 2 or 3, not {stage!r}")
     model = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
-    shape = {k: v for k, v in model.items() if k in ("d", "l", "a", "s", "V", "b") and isinstance(v, int)}
+    full = cfg.get("shape_full") if isinstance(cfg.get("shape_full"), dict) else {}
+    shape = {
+        k: v
+        for k, v in {**model, **full}.items()
+        if k in ("d", "l", "a", "s", "V", "b", "kv", "ffn") and isinstance(v, int) and not isinstance(v, bool)
+    }
+    for key in ("precision", "family", "library"):
+        if isinstance(cfg.get(key), str) and shape:
+            shape[key] = cfg[key]
+    if isinstance(cfg.get("params"), int) and shape:
+        shape["params"] = cfg["params"]
     system = options.system or (cfg.get("system") if isinstance(cfg.get("system"), str) else None)
     if system is not None:
         from calib.core.store import check_name
@@ -309,8 +360,36 @@ def apply_run_config(paths: Sequence[str | Path], options: IngestOptions) -> tup
         framework=options.framework or name,
         zero_stage=options.zero_stage if options.zero_stage is not None else stage,
         model=dict(options.model) or shape,
+        measured=unprofiled_steps(cfg),
     )
     return updated, [f"stated by {where}: framework {name}, ZeRO stage {stage}, model {shape or '-'}"]
+
+
+def unprofiled_steps(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Median step time of the steps timed after the profiler window (slowest rank).
+
+    ``calib capture`` times every step of the loop on the host, each ending in a device
+    synchronisation; the steps in phase "after" ran with the profiler off, so their median
+    is the step time a prediction must match (the profiled steps are slower).
+    """
+    phases = cfg.get("step_phases")
+    times = cfg.get("step_times_s")
+    if not (isinstance(phases, list) and isinstance(times, dict)):
+        return {}
+    meds = []
+    for t in times.values():
+        if not isinstance(t, list):
+            continue
+        after = [
+            float(x)
+            for x, ph in zip(t, phases)
+            if ph == "after" and isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+        ]
+        if after:
+            meds.append(float(np.median(after)))
+    if not meds:
+        return {}
+    return {"step_s_unprofiled": max(meds), "steps_unprofiled": len(after)}
 
 
 def assemble(
@@ -343,6 +422,10 @@ def assemble(
         key: pd.concat([r.tables[key] for r in results], ignore_index=True)
         for key in ("buckets", "kernels", "kernel_stats", "dispatch_ops", "collectives", "gemms")
     }
+    for key in ("device_ops", "host_steps"):
+        parts = [r.tables[key] for r in results if key in r.tables and len(r.tables[key])]
+        if parts:
+            tables[key] = pd.concat(parts, ignore_index=True)
     if len(results) > 1:
         from calib.ingest import crossrank
 
@@ -363,6 +446,7 @@ def assemble(
         process_groups=groups,
         parallel=_frameworks.parallel_layout(groups, world),
         model=dict(options.model),
+        measured=dict(options.measured),
         sources=tuple(r.source for r in results),
         notes=tuple(all_notes),
     )
