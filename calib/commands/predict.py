@@ -119,16 +119,28 @@ def model_options(f):
             click.option(
                 "--V", "vocab", type=Int(1), help="Vocabulary size V (default 51200); overrides the preset's."
             ),
+            click.option("--ffn", "ffn", type=Int(1), help="MLP hidden size (default 4d)."),
+            click.option("--kv-heads", "kv_heads", type=Int(1), help="Key/value heads, grouped-query attention (default a)."),
+            click.option("--mlp", "mlp", type=Choice(("gelu", "swiglu")), help="MLP kind: gelu (GPT, default) or swiglu (Llama)."),
+            click.option("--untied-embeddings", "untied_embeddings", is_flag=True, default=None,
+                         help="The LM head has its own matrix (default: tied to the embedding)."),
         ]
     ):
         f = opt(f)
     return f
 
 
-def resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab):
+def resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, ffn=None, kv_heads=None, mlp=None,
+                  untied_embeddings=None):  # fmt: skip
     from dataclasses import replace
 
     from calib.analytic.specs import ModelSpec, load_model
+
+    extra = {k: v for k, v in (("ffn", ffn), ("kv_heads", kv_heads), ("mlp", mlp)) if v is not None}
+    if untied_embeddings:
+        extra["tied_embeddings"] = False
+    if kv_heads is not None and (n_heads or kv_heads) % kv_heads:
+        raise InputError("--kv-heads", f"{kv_heads} must divide the number of heads {n_heads}")
 
     shape = {"d_model": d_model, "n_layers": n_layers, "n_heads": n_heads}
     if model_name:
@@ -138,14 +150,16 @@ def resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab):
                 "--model", f"give either --model or the shape (--d --l --a), not both ({', '.join(given)})"
             )
         model = load_model(model_name)
-        over = {k: v for k, v in (("seq_len", seq_len), ("vocab", vocab)) if v is not None}
+        over = {k: v for k, v in (("seq_len", seq_len), ("vocab", vocab)) if v is not None} | extra
         return replace(model, **over) if over else model
     missing = [
         f"--{n}" for n, v in (("d", d_model), ("l", n_layers), ("a", n_heads), ("s", seq_len)) if v is None
     ]
     if missing:
         raise InputError("--model", f"give --model NAME or the model shape; missing {', '.join(missing)}")
-    return ModelSpec("", d_model, n_layers, n_heads, seq_len, vocab or 51200)
+    if d_model % n_heads:
+        raise InputError("--d", f"hidden size {d_model} must be a multiple of the heads --a {n_heads}")
+    return ModelSpec("", d_model, n_layers, n_heads, seq_len, vocab or 51200, **extra)
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -226,7 +240,7 @@ Example:
 )
 def predict(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus, zero,
             tp, pp, interleave, micro_batch, global_batch, recompute, seq_parallel, dp_overlap, flash_attention,
-            ranks_per_node, as_json, as_csv, out):  # fmt: skip
+            ranks_per_node, as_json, as_csv, out, **shape):  # fmt: skip
     from calib.analytic import output
     from calib.analytic.formulas import recompute_code
     from calib.analytic.predict import Plan
@@ -235,7 +249,7 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")
-    model = resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab)
+    model = resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape)
     machine, notes = resolve_system(system, calibration, hardware, store, ranks_per_node=ranks_per_node)
     plan = Plan(tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, global_batch=global_batch,
                 recompute=recompute_code(recompute), seq_parallel=seq_parallel, interleave=interleave,

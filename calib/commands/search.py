@@ -83,7 +83,7 @@ Examples:
 @click.option("--csv", "as_csv", is_flag=True, help="Print the ranked strategies as CSV.")
 @click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
 def search(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus,
-           global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, as_json, as_csv, out):  # fmt: skip
+           global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, as_json, as_csv, out, **shape):  # fmt: skip
     from calib.analytic import output
     from calib.analytic.formulas import RECOMPUTE_NAMES
     from calib.analytic.search import Space
@@ -92,7 +92,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")
-    model = resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab)
+    model = resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape)
     B = global_batch or model.global_batch
     if B is None:
         raise InputError(
