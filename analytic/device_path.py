@@ -53,10 +53,15 @@ def layer_terms(dm: DeviceModel, fam: Family, sh: Shape, b, t, sp, rc, flash) ->
 
 def head_terms(dm: DeviceModel, fam: Family, sh: Shape, b, t) -> dict[str, np.ndarray]:
     T = np.asarray(b, dtype=float) * sh.s
-    return {"transformer": D.head_gemm_s(dm, T, sh.d, sh.V, t), "stream": D.head_stream_s(dm, fam, T, sh.V, t)}
+    return {
+        "transformer": D.head_gemm_s(dm, T, sh.d, sh.V, t),
+        "stream": D.head_stream_s(dm, fam, T, sh.V, t),
+    }
 
 
-def memory(dm: DeviceModel, fam: Family, sh: Shape, params_gpu, b, t, p, dp, zero, m, v, rc, sp, reserve_bytes):
+def memory(
+    dm: DeviceModel, fam: Family, sh: Shape, params_gpu, b, t, p, dp, zero, m, v, rc, sp, reserve_bytes
+):
     """Memory per GPU with ZeRO sharding, pipeline micro-batches in flight and recompute."""
     z = np.asarray(zero)
     dp = np.asarray(dp, dtype=float)

@@ -64,7 +64,9 @@ def layer_matrix_params(d: ArrayLike, ffn: ArrayLike | None = None, kv_frac: Arr
     """
     d = np.asarray(d, dtype=float)
     ffn = 4.0 * d if ffn is None else np.asarray(ffn, dtype=float)
-    return (2.0 + 2.0 * np.asarray(kv_frac, dtype=float)) * d * d + np.asarray(mlp_mats, dtype=float) * d * ffn
+    return (2.0 + 2.0 * np.asarray(kv_frac, dtype=float)) * d * d + np.asarray(
+        mlp_mats, dtype=float
+    ) * d * ffn
 
 
 # ---- FLOPs ---------------------------------------------------------------------------

@@ -148,7 +148,12 @@ def shape_terms(model) -> tuple[np.ndarray, np.ndarray, float, bool]:
     """(ffn, kv / a, MLP matrices, tied) of a model spec or per-row columns."""
     ex = model.shape_extras
     kv_frac = np.asarray(ex["kv"], dtype=float) / np.asarray(model.n_heads, dtype=float)
-    return np.asarray(ex["ffn"], dtype=float), kv_frac, 3.0 if ex["mlp"] == "swiglu" else 2.0, bool(ex["tied"])
+    return (
+        np.asarray(ex["ffn"], dtype=float),
+        kv_frac,
+        3.0 if ex["mlp"] == "swiglu" else 2.0,
+        bool(ex["tied"]),
+    )
 
 
 def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) -> dict[str, np.ndarray]:
@@ -282,7 +287,10 @@ def evaluate(
         optimizer = np.zeros_like(optimizer)
     host = np.zeros_like(optimizer)
     if dm is not None:
-        optimizer = share * (D.optimizer_s(dm, fam, opt_params) + D.step_fixed_s(dm, fam, params_gpu))
+        emb = V * d * np.where(tied | (p > 1), 1.0, 2.0) / t
+        optimizer = share * (
+            D.optimizer_s(dm, fam, opt_params) + D.step_fixed_s(dm, fam, params_gpu - emb, emb)
+        )
         host = D.host_s(dm, fam, lps, m)
 
     device_iter = (pipeline + optimizer) + dp_exposed
@@ -325,8 +333,12 @@ def evaluate(
 
     # ---- throughput --------------------------------------------------------------------
     gpus = t * p * dp
-    model_fl = B * (F.training_flops_layers(1.0, s, d, L, F.NONE, ffn, kv_frac, mats) + F.lm_head_flops(1.0, s, d, V))
-    hw_fl = B * (F.training_flops_layers(1.0, s, d, L, rc, ffn, kv_frac, mats) + F.lm_head_flops(1.0, s, d, V))
+    model_fl = B * (
+        F.training_flops_layers(1.0, s, d, L, F.NONE, ffn, kv_frac, mats) + F.lm_head_flops(1.0, s, d, V)
+    )
+    hw_fl = B * (
+        F.training_flops_layers(1.0, s, d, L, rc, ffn, kv_frac, mats) + F.lm_head_flops(1.0, s, d, V)
+    )
 
     return {
         "iter_s": iter_s,

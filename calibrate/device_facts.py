@@ -21,7 +21,7 @@ from calib.core.rundir import Run
 
 #: kernel classes timed by their own terms (not the streamed-bytes term)
 OWN_TERMS = ("gemm", "attention", "optimizer", "memcpy")
-GROUPS = ("d", "ffn", "vocab", "param", "unsized")
+GROUPS = ("d", "ffn", "vocab", "param", "embed", "unsized")
 SWIGLU_OPS = ("aten::silu", "aten::silu_", "aten::silu_backward")
 
 
@@ -39,6 +39,7 @@ class RunFacts:
     mlp: str
     weights: str
     params: float
+    tied: bool  # LM head shares the embedding matrix (from the parameter count)
     step_s: float | None  # unprofiled step (run_config.json), None when not measured
     peak_mem_bytes: float | None
     wall_s: float  # profiled iteration
@@ -84,7 +85,9 @@ def facts(run: Run) -> RunFacts | None:
     kv = _int(m, "kv", a)
     prec = str(m.get("precision", "")).lower()
     weights = BF16 if ("bf16" in prec and "autocast" not in prec) else FP32_AUTOCAST
-    params = _int(m, "params") or float(L * layer_params(d, a, kv, ffn, mlp) + V * d)
+    layers = float(L * layer_params(d, a, kv, ffn, mlp))
+    params = _int(m, "params") or layers + V * d
+    tied = abs(params - (layers + V * d)) <= abs(params - (layers + 2 * V * d))
     row = buckets[buckets["iteration"] == it].iloc[0]
     kernels = run.table("kernels")
     kernels = kernels[kernels["iteration"] == it]
@@ -103,7 +106,7 @@ def facts(run: Run) -> RunFacts | None:
     shapes["count"] = shapes["count"] / per_it
     return RunFacts(
         name=run.meta.name, d=d, L=L, a=a, kv=kv, ffn=int(ffn), s=s, V=V, b=b, mlp=mlp, weights=weights,
-        params=float(params), step_s=_pos(measured.get("step_s_unprofiled")),
+        params=float(params), tied=bool(tied), step_s=_pos(measured.get("step_s_unprofiled")),
         peak_mem_bytes=_pos(measured.get("peak_mem_bytes")), wall_s=float(row["wall_s"]),
         busy_s=float(row["compute_busy_s"]), class_s={str(k): float(v) for k, v in class_s.items()},
         groups=_groups(ops, b * s, d, int(ffn), V, float(params)),
@@ -137,13 +140,15 @@ def _groups(ops: pd.DataFrame, T: int, d: int, ffn: int, V: int, params: float) 
     mb = ops[~ops["kernel_class"].isin(OWN_TERMS)]
     # memsets zero buffers of the op that launched them: their bytes are not its inputs
     numel = np.where(mb["kernel_class"].to_numpy() == "memset", 0, mb["numel"].to_numpy(np.int64))
-    per_tok = numel % T == 0
+    lead = mb["lead"].to_numpy(np.int64) if "lead" in mb else numel
+    per_tok = (numel % T == 0) & (lead % T == 0)
     width = np.where(per_tok, numel // max(T, 1), 0)
     grp = np.select(
-        [numel == 0, per_tok & (width % V == 0), per_tok & (width % ffn == 0), per_tok],
-        ["unsized", "vocab", "ffn", "d"],
+        [numel == 0, per_tok & (width % V == 0), per_tok & (width % ffn == 0), per_tok,
+         (numel % V == 0) & (numel // max(V, 1) <= 2 * d)],
+        ["unsized", "vocab", "ffn", "d", "embed"],
         "param",
-    )
+    )  # fmt: skip
     df = pd.DataFrame(
         {
             "group": grp,

@@ -88,7 +88,11 @@ def fit_gemm(points: pd.DataFrame) -> GemmModel:
     x0 = [800.0, 2.5, 5e-6, 0.2, 0.2, 0.2]
     lo = [1.0, 0.05, 0.0, 0.01, 0.01, 0.01]
     hi = [1e5, 1e3, 1e-3, 1.0, 1.0, 1.0]
-    r = least_squares(lambda p: np.log(model(p) / t), x0, bounds=(lo, hi))
+    # weight each shape by the time it takes per step (count x duration): the step's total
+    # is what the model must get right; bench samples count once
+    c = points["count"].to_numpy(float)
+    w = np.sqrt(c * t / np.mean(c * t))
+    r = least_squares(lambda p: w * np.log(model(p) / t), x0, bounds=(lo, hi))
     se = _se(r.jac, r.fun)
     names = ("rate_tflops", "operand_tbps", "fixed_s", "unaligned_m", "unaligned_n", "unaligned_k")
     units = ("TFLOP/s", "TB/s", "s", "", "", "")
@@ -139,7 +143,7 @@ def fit_stream(runs: Sequence[RunFacts]) -> tuple[Param, Param]:
     """Achieved bandwidth (input bytes) and fixed seconds per kernel of memory-bound kernels."""
     rows = []
     for f in runs:
-        for g in ("d", "ffn", "vocab", "param"):
+        for g in ("d", "ffn", "vocab", "param", "embed"):
             r = f.groups.loc[g]
             if r["seconds"] > 0 and r["bytes"] > 0:
                 rows.append((r["bytes"], r["kernels"], r["seconds"]))
@@ -211,7 +215,7 @@ def fit_families(
             break
     out = []
     for key, fs in sorted(by.items()):
-        bd, bf, bv, bp = [], [], [], []
+        bd, bf, bv, bp, be = [], [], [], [], []
         for f in fs:
             gr = f.groups
             unsized = (
@@ -222,13 +226,14 @@ def fit_families(
             bd.append((gr.loc["d", "bytes"] + unsized) / (f.T * f.L * f.d))
             bf.append(gr.loc["ffn", "bytes"] / (f.T * f.L * f.ffn))
             bv.append(gr.loc["vocab", "bytes"] / (f.T * f.V))
-            bp.append(gr.loc["param", "bytes"] / f.params)
+            bp.append(gr.loc["param", "bytes"] / max(f.params - f.V * f.d * (1 if f.tied else 2), 1.0))
+            be.append(gr.loc["embed", "bytes"] / (f.V * f.d))
         Ls = np.array([f.L for f in fs], float)
         kl, ks = _linear_in_layers(Ls, np.array([f.groups["kernels"].sum() for f in fs]), inter_k, "kernels")
         hl, hs = _linear_in_layers(Ls, np.array([f.host_ops for f in fs]), inter_h, "ops")
         out.append(Family(
             mlp=fs[0].mlp, weights=fs[0].weights, bytes_d=_mean_param(bd, "B"), bytes_ffn=_mean_param(bf, "B"),
-            bytes_vocab=_mean_param(bv, "B"), bytes_param=_mean_param(bp, "B"), kernels_layer=kl,
+            bytes_vocab=_mean_param(bv, "B"), bytes_param=_mean_param(bp, "B"), bytes_embed=_mean_param(be, "B"), kernels_layer=kl,
             kernels_step=ks, host_ops_layer=hl, host_ops_step=hs, act_bytes_d=act[key], runs=tuple(f.name for f in fs),
         ))  # fmt: skip
     return tuple(out)
@@ -354,7 +359,7 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
 def _predict(dm: DeviceModel, f: RunFacts) -> tuple[float, float]:
     from calib.calibrate.device_step import single_gpu
 
-    p = single_gpu(dm, f.d, f.L, f.a, f.kv, f.ffn, f.s, f.V, f.b, f.mlp, params=f.params)
+    p = single_gpu(dm, f.d, f.L, f.a, f.kv, f.ffn, f.s, f.V, f.b, f.mlp, tied=f.tied, params=f.params)
     return float(p["step_s"]), float(p["mem_bytes"])
 
 

@@ -102,13 +102,18 @@ class Family:
     bytes_d: Param  # streamed bytes per token per layer per unit of d
     bytes_ffn: Param  # streamed bytes per token per layer per unit of ffn
     bytes_vocab: Param  # streamed bytes per token per vocabulary entry (LM head, loss)
-    bytes_param: Param  # streamed bytes per parameter per step (weight casts)
+    bytes_param: Param  # streamed bytes per layer parameter per step (weight casts, gradient casts)
+    bytes_embed: Param  # streamed bytes per embedding entry (V x d) per step (casts, tied-gradient adds)
     kernels_layer: Param  # memory-bound kernels per layer
     kernels_step: Param  # memory-bound kernels per step outside the layers
     host_ops_layer: Param  # host operators (all nesting levels) per layer
     host_ops_step: Param  # host operators per step outside the layers
     act_bytes_d: Param  # activation bytes kept for backward per token-layer per unit of d
     host_s_per_op: Param | None = None  # unprofiled host seconds per operator (None: the device's)
+    stream_tbps: Param | None = (
+        None  # achieved bandwidth of this family's memory-bound kernels (None: the device's)
+    )
+    kernel_fixed_s: Param | None = None  # fixed seconds per memory-bound kernel (None: the device's)
     runs: tuple[str, ...] = ()
 
     @property

@@ -37,6 +37,16 @@ def _f(x: ArrayLike) -> np.ndarray:
     return np.asarray(x, dtype=float)
 
 
+def _bw(dm: DeviceModel, fam: Family | None) -> float:
+    return (fam.stream_tbps if fam is not None and fam.stream_tbps is not None else dm.stream_tbps).value
+
+
+def _t0(dm: DeviceModel, fam: Family | None) -> float:
+    return (
+        fam.kernel_fixed_s if fam is not None and fam.kernel_fixed_s is not None else dm.kernel_fixed_s
+    ).value
+
+
 def linears(d, a, kv, ffn, mlp: str) -> list[tuple[np.ndarray, np.ndarray, float]]:
     """(in, out, column_parallel) of every linear layer of one transformer layer."""
     d, a, kv, ffn = _f(d), _f(a), _f(kv), _f(ffn)
@@ -90,7 +100,7 @@ def attention_layer_s(dm: DeviceModel, b, s, d, a, t, flash, passes_fwd=1.0) -> 
     bh = b * heads
     mm = g.time_s(s, s, hd, bh) + g.time_s(s, hd, s, bh)  # Q K^T and P V
     softmax_bytes = 4.0 * 2.0 * bh * s * s  # scores and probabilities, bf16, read + write
-    unfused = (passes_fwd + 2.0) * mm + (passes_fwd + 1.0) * softmax_bytes / (dm.stream_tbps.value * 1e12)
+    unfused = (passes_fwd + 2.0) * mm + (passes_fwd + 1.0) * softmax_bytes / (_bw(dm, None) * 1e12)
     return np.where(np.asarray(flash, dtype=bool), fused, unfused)
 
 
@@ -100,22 +110,19 @@ def stream_layer_s(dm: DeviceModel, fam: Family, T, d, ffn, t, sp, passes_fwd=1.
     d_part = np.where(np.asarray(sp, dtype=bool), d / t, d)  # norms/residuals replicate without SP
     nbytes = T * (fam.bytes_d.value * d_part + fam.bytes_ffn.value * ffn / t)
     scale = (passes_fwd + 2.0) / 3.0  # forward is about a third of the element-wise work
-    return scale * (
-        nbytes / (dm.stream_tbps.value * 1e12) + fam.kernels_layer.value * dm.kernel_fixed_s.value
-    )
+    return scale * (nbytes / (_bw(dm, fam) * 1e12) + fam.kernels_layer.value * _t0(dm, fam))
 
 
 def head_stream_s(dm: DeviceModel, fam: Family, T, V, t) -> np.ndarray:
     """Loss and logit kernels (softmax, casts, cross-entropy) of one micro-batch."""
-    return _f(T) * _f(V) / _f(t) * fam.bytes_vocab.value / (dm.stream_tbps.value * 1e12)
+    return _f(T) * _f(V) / _f(t) * fam.bytes_vocab.value / (_bw(dm, fam) * 1e12)
 
 
-def step_fixed_s(dm: DeviceModel, fam: Family, params_gpu) -> np.ndarray:
-    """Per-step memory-bound work outside the layers: weight casts and fixed kernels."""
-    return (
-        _f(params_gpu) * fam.bytes_param.value / (dm.stream_tbps.value * 1e12)
-        + fam.kernels_step.value * dm.kernel_fixed_s.value
-    )
+def step_fixed_s(dm: DeviceModel, fam: Family, layer_params_gpu, embed_entries_gpu) -> np.ndarray:
+    """Per-step memory-bound work on the weights: casts and gradient accumulation of the
+    layers' parameters and of the embedding matrix (V x d entries), plus fixed kernels."""
+    nbytes = _f(layer_params_gpu) * fam.bytes_param.value + _f(embed_entries_gpu) * fam.bytes_embed.value
+    return nbytes / (_bw(dm, fam) * 1e12) + fam.kernels_step.value * _t0(dm, fam)
 
 
 def optimizer_s(dm: DeviceModel, fam: Family, params_opt) -> np.ndarray:
@@ -171,7 +178,8 @@ def single_gpu(dm: DeviceModel, d, L, a, kv, ffn, s, V, b, mlp: str, tied=True, 
     layer = (gemm_layer_s(dm, T, d, a, kv, ffn, 1.0, mlp) + attention_layer_s(dm, b, s, d, a, 1.0, flash)
              + stream_layer_s(dm, fam, T, d, ffn, 1.0, False))  # fmt: skip
     head = head_gemm_s(dm, T, d, V, 1.0) + head_stream_s(dm, fam, T, V, 1.0)
-    gpu = _f(L) * layer + head + step_fixed_s(dm, fam, P) + optimizer_s(dm, fam, P)
+    emb = _f(V) * _f(d) * np.where(np.asarray(tied, dtype=bool), 1.0, 2.0)
+    gpu = _f(L) * layer + head + step_fixed_s(dm, fam, P - emb, emb) + optimizer_s(dm, fam, P)
     host = host_s(dm, fam, L, 1.0)
     mem = memory_bytes(dm, fam, P, P, P, T, L, d, V, 1.0)
     return {"step_s": step_s(gpu, host, dm), "gpu_s": gpu, "host_s": host, "mem_bytes": mem["total"]}

@@ -23,11 +23,13 @@ from calib.ingest.timeline import Timeline
 from calib.core.schema import KERNEL_CLASSES, empty_table
 
 
-def _tensor_sizes(dims: object, types: object) -> tuple[int, int]:
-    """(bytes of all tensor inputs, elements of the largest one); (0, 0) when unknown."""
+def _tensor_sizes(dims: object, types: object) -> tuple[int, int, int]:
+    """(bytes of all tensor inputs, elements of the largest one, product of its leading
+    dimensions -- all but the last); zeros when unknown.  The leading product tells an
+    activation ([b, s, w]: b s) from a weight ([in, out]: in) of the same size."""
     if not (isinstance(dims, list) and isinstance(types, list)):
-        return 0, 0
-    total, largest = 0, 0
+        return 0, 0, 0
+    total, largest, lead = 0, 0, 0
     for d, t in zip(dims, types):
         if isinstance(d, list) and d and all(isinstance(v, int) and not isinstance(v, bool) for v in d):
             n = int(np.prod(np.asarray(d, dtype=np.int64)))
@@ -35,8 +37,9 @@ def _tensor_sizes(dims: object, types: object) -> tuple[int, int]:
             if n < 0 or size < 0:
                 continue
             total += n * size
-            largest = max(largest, n)
-    return total, largest
+            if n > largest:
+                largest, lead = n, int(np.prod(np.asarray(d[:-1], dtype=np.int64))) if len(d) > 1 else 1
+    return total, largest, lead
 
 
 def _iteration_of(tl: Timeline, t: np.ndarray) -> np.ndarray:
@@ -59,8 +62,9 @@ def compute(ev: Events, tl: Timeline, rank: int) -> dict[str, pd.DataFrame]:
     types = _decode_many(ev.arg(uniq[valid], "input_type")) if valid.any() else []
     u_bytes = np.zeros(len(uniq), dtype=np.int64)
     u_numel = np.zeros(len(uniq), dtype=np.int64)
+    u_lead = np.zeros(len(uniq), dtype=np.int64)
     for j, (d, t) in zip(np.flatnonzero(valid), zip(dims, types, strict=True), strict=True):
-        u_bytes[j], u_numel[j] = _tensor_sizes(d, t)
+        u_bytes[j], u_numel[j], u_lead[j] = _tensor_sizes(d, t)
     u_name = np.where(valid, ev.names[ev.name[np.maximum(uniq, 0)]].astype(str), "")
     df = pd.DataFrame(
         {
@@ -69,12 +73,15 @@ def compute(ev: Events, tl: Timeline, rank: int) -> dict[str, pd.DataFrame]:
             "kernel_class": np.asarray(KERNEL_CLASSES, dtype=object)[tl.act_class],
             "op": u_name[inv].astype(object),
             "numel": u_numel[inv],
+            "lead": u_lead[inv],
             "in_bytes": u_bytes[inv],
             "dur_s": (tl.act_end - tl.act_start) * 1e-9,
         }
     )
     ops = (
-        df.groupby(["rank", "iteration", "kernel_class", "op", "numel", "in_bytes"], sort=True)["dur_s"]
+        df.groupby(["rank", "iteration", "kernel_class", "op", "numel", "lead", "in_bytes"], sort=True)[
+            "dur_s"
+        ]
         .agg(count="size", dur_s="sum")
         .reset_index()
     )

@@ -120,10 +120,25 @@ def model_options(f):
                 "--V", "vocab", type=Int(1), help="Vocabulary size V (default 51200); overrides the preset's."
             ),
             click.option("--ffn", "ffn", type=Int(1), help="MLP hidden size (default 4d)."),
-            click.option("--kv-heads", "kv_heads", type=Int(1), help="Key/value heads, grouped-query attention (default a)."),
-            click.option("--mlp", "mlp", type=Choice(("gelu", "swiglu")), help="MLP kind: gelu (GPT, default) or swiglu (Llama)."),
-            click.option("--untied-embeddings", "untied_embeddings", is_flag=True, default=None,
-                         help="The LM head has its own matrix (default: tied to the embedding)."),
+            click.option(
+                "--kv-heads",
+                "kv_heads",
+                type=Int(1),
+                help="Key/value heads, grouped-query attention (default a).",
+            ),
+            click.option(
+                "--mlp",
+                "mlp",
+                type=Choice(("gelu", "swiglu")),
+                help="MLP kind: gelu (GPT, default) or swiglu (Llama).",
+            ),
+            click.option(
+                "--untied-embeddings",
+                "untied_embeddings",
+                is_flag=True,
+                default=None,
+                help="The LM head has its own matrix (default: tied to the embedding).",
+            ),
         ]
     ):
         f = opt(f)

@@ -215,7 +215,8 @@ CROSSRANK = pa.schema(
 
 #: GPU traces: device kernels grouped by what launched them and what it read
 #: (ingest.device_ops).  in_bytes = bytes of the launching op's tensor inputs, numel =
-#: elements of its largest input (0 when the trace has no shapes).
+#: elements of its largest input (0 when the trace has no shapes), lead = the product of
+#: that input's dimensions but the last (b s for an activation [b, s, w]).
 DEVICE_OPS = pa.schema(
     [
         ("rank", _i32),
@@ -223,6 +224,7 @@ DEVICE_OPS = pa.schema(
         ("kernel_class", _str),
         ("op", _str),  # launching host op ("" when unknown)
         ("numel", _i64),
+        ("lead", _i64),
         ("in_bytes", _i64),
         ("count", _i64),
         ("dur_s", _f64),
