@@ -61,8 +61,6 @@ class ModelSpec:
                 raise InputError(who, f"{f} must be a positive integer, got {v!r}")
         if self.kv_heads is not None and self.n_heads % self.kv_heads:
             raise InputError(who, f"kv_heads {self.kv_heads} must divide n_heads {self.n_heads}")
-        if self.d_model % self.n_heads:
-            raise InputError(who, f"d_model {self.d_model} must be a multiple of n_heads {self.n_heads}")
         if self.mlp not in MLP_KINDS:
             raise InputError(who, f"mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
         if not isinstance(self.tied_embeddings, bool):

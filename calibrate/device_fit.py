@@ -24,6 +24,8 @@ import pandas as pd
 from calib.calibrate.device_facts import RunFacts
 from calib.calibrate.device_model import (
     ADAM_BYTES_PER_PARAM,
+    interval_half_width,
+    perturbations,
     ATTN_HEAD_TILE,
     DeviceModel,
     Family,
@@ -363,12 +365,19 @@ def _predict(dm: DeviceModel, f: RunFacts) -> tuple[float, float]:
     return float(p["step_s"]), float(p["mem_bytes"])
 
 
-def check_runs(
-    dm: DeviceModel, runs: Sequence[RunFacts], bench: pd.DataFrame, **fit_args
-) -> tuple[dict, ...]:
+def param_sigma(dm: DeviceModel, f: RunFacts) -> float:
+    """Relative standard error of a run's predicted step from the fitted terms' errors."""
+    base, _ = _predict(dm, f)
+    return float(np.sqrt(sum((_predict(p, f)[0] / base - 1.0) ** 2 for p in perturbations(dm))))
+
+
+def check_runs(dm: DeviceModel, runs: Sequence[RunFacts], bench: pd.DataFrame, **fit_args) -> tuple[dict, ...]:
     """In-sample and leave-one-run-out predictions of every run's unprofiled step time
-    (and peak memory when measured): the honesty table ``calib fit`` stores and prints."""
+    (and peak memory when measured), with each leave-one-out prediction's 90 % interval
+    (the left-out run's own error never enters it): the honesty table ``calib fit``
+    stores and ``calib validate --runs`` prints."""
     rows = []
+    loo_sig: dict[str, float] = {}
     for f in runs:
         step_in, mem_in = _predict(dm, f)
         rest = [g for g in runs if g.name != f.name]
@@ -376,6 +385,7 @@ def check_runs(
         if rest:
             loo = fit_device(rest, bench, dm.device, dm.peak_tflops, dm.hbm_tbps, dm.peak_source, **fit_args)
             step_loo, mem_loo = _predict(loo, f)
+            loo_sig[f.name] = param_sigma(loo, f)
         rows.append({
             "run": f.name, "family": f.family_key, "measured_step_s": f.step_s, "insample_step_s": step_in,
             "loo_step_s": step_loo, "measured_mem_gb": f.peak_mem_bytes / 1e9 if f.peak_mem_bytes else None,
@@ -383,6 +393,14 @@ def check_runs(
             "profiled_wall_s": f.wall_s,
             "profiler_overhead": (f.wall_s / f.step_s - 1.0) if f.step_s else None,
         })  # fmt: skip
+    errs = {r["run"]: r["loo_step_s"] / r["measured_step_s"] - 1.0 for r in rows
+            if r["loo_step_s"] and r["measured_step_s"]}  # fmt: skip
+    for r in rows:
+        if r["run"] in errs:
+            others = [e for k, e in errs.items() if k != r["run"]]
+            half = float(interval_half_width(loo_sig.get(r["run"], 0.0), others))
+            r["loo_interval_rel"] = half
+            r["loo_inside"] = bool(abs(errs[r["run"]]) <= half)
     return tuple(rows)
 
 
@@ -406,4 +424,9 @@ def summary(dm: DeviceModel) -> str:
             f"max {max(ins):.1%}")  # fmt: skip
     if len(loo):
         text += f"; leave-one-run-out median {np.median(loo):.1%} max {np.max(loo):.1%}"
+        inside = [r["loo_inside"] for r in dm.runs if "loo_inside" in r]
+        halves = [r["loo_interval_rel"] for r in dm.runs if "loo_interval_rel" in r]
+        if inside:
+            text += (f", {sum(inside)}/{len(inside)} inside their 90 % interval "
+                     f"(median half-width {np.median(halves):.1%})")  # fmt: skip
     return text + " (calib validate --runs SYSTEM for the table)"

@@ -212,3 +212,56 @@ class Shape:
     V: np.ndarray
     b: np.ndarray
     t: np.ndarray = field(default_factory=lambda: np.asarray(1.0))  # tensor-parallel size
+
+
+#: the fitted terms whose standard errors propagate into a prediction's interval
+_DEVICE_TERMS = ("attn_s_per_flop", "stream_tbps", "kernel_fixed_s", "optimizer_tbps", "host_s_per_op", "step_gap_s")
+_GEMM_TERMS = ("rate_tflops", "operand_tbps", "fixed_s", "unaligned_m", "unaligned_n", "unaligned_k")
+_FAMILY_TERMS = ("bytes_d", "bytes_ffn", "bytes_vocab", "bytes_param", "bytes_embed", "host_s_per_op", "stream_tbps",
+                 "kernel_fixed_s", "host_ops_layer", "act_bytes_d")  # fmt: skip
+
+
+def _bumped(p: Param | None) -> Param | None:
+    if p is None or not p.stderr or not np.isfinite(p.stderr):
+        return None
+    return replace(p, value=p.value + p.stderr)
+
+
+def perturbations(dm: DeviceModel):
+    """The model with one fitted term moved up by its standard error, for every term that
+    has one: the finite differences a prediction's parameter uncertainty is built from."""
+    for name in _DEVICE_TERMS:
+        p = _bumped(getattr(dm, name))
+        if p is not None:
+            yield replace(dm, **{name: p})
+    for name in _GEMM_TERMS:
+        p = _bumped(getattr(dm.gemm, name))
+        if p is not None:
+            yield replace(dm, gemm=replace(dm.gemm, **{name: p}))
+    for i, fam in enumerate(dm.families):
+        for name in _FAMILY_TERMS:
+            p = _bumped(getattr(fam, name))
+            if p is not None:
+                fams = list(dm.families)
+                fams[i] = replace(fam, **{name: p})
+                yield replace(dm, families=tuple(fams))
+
+
+def interval_half_width(rel_sigma_param: ArrayLike, loo_errors: ArrayLike, level: float = 0.90) -> np.ndarray:
+    """Relative half-width of a prediction interval: Student-t over the leave-one-run-out
+    errors (their RMS, bias included) combined with the parameters' propagated error.
+
+    With k leave-one-out errors e_i: t_{(1+level)/2, k-1} * sqrt(rms(e)^2 + sigma_p^2) *
+    sqrt(1 + 1/k), the small-sample prediction interval; without any, a normal quantile
+    times the parameter error alone (then it understates the model's own error).
+    """
+    from scipy import stats
+
+    e = np.asarray(loo_errors, dtype=float)
+    e = e[np.isfinite(e)]
+    sp = np.asarray(rel_sigma_param, dtype=float)
+    if len(e) >= 2:
+        k = len(e)
+        q = stats.t.ppf(0.5 + level / 2.0, k - 1)
+        return q * np.sqrt(np.mean(e * e) + sp * sp) * np.sqrt(1.0 + 1.0 / k)
+    return stats.norm.ppf(0.5 + level / 2.0) * sp

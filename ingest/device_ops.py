@@ -53,8 +53,12 @@ def compute(ev: Events, tl: Timeline, rank: int) -> dict[str, pd.DataFrame]:
     if tl.device != "gpu" or len(tl.act_start) == 0:
         return {"device_ops": empty_table("device_ops"), "host_steps": empty_table("host_steps")}
     lo = tl.act_launch_op
-    has = lo >= 0
-    op_ev = np.where(has, tl.ops[np.maximum(lo, 0)], -1)
+    has = (lo >= 0) & (lo < len(tl.ops))
+    op_ev = (
+        np.where(has, tl.ops[np.clip(lo, 0, max(len(tl.ops) - 1, 0))], -1)
+        if len(tl.ops)
+        else np.full(len(lo), -1)
+    )
     # decode the shapes once per launching op, not per kernel
     uniq, inv = np.unique(op_ev, return_inverse=True)
     valid = uniq >= 0
