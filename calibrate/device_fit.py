@@ -24,12 +24,12 @@ import pandas as pd
 from calib.calibrate.device_facts import RunFacts
 from calib.calibrate.device_model import (
     ADAM_BYTES_PER_PARAM,
-    interval_half_width,
-    perturbations,
     ATTN_HEAD_TILE,
     DeviceModel,
     Family,
     GemmModel,
+    interval_half_width,
+    perturbations,
 )
 from calib.calibrate.params import DEFAULT, FITTED, FIXED, UNIDENTIFIABLE, FitQuality, Param
 from scipy.optimize import least_squares, nnls
@@ -371,7 +371,9 @@ def param_sigma(dm: DeviceModel, f: RunFacts) -> float:
     return float(np.sqrt(sum((_predict(p, f)[0] / base - 1.0) ** 2 for p in perturbations(dm))))
 
 
-def check_runs(dm: DeviceModel, runs: Sequence[RunFacts], bench: pd.DataFrame, **fit_args) -> tuple[dict, ...]:
+def check_runs(
+    dm: DeviceModel, runs: Sequence[RunFacts], bench: pd.DataFrame, **fit_args
+) -> tuple[dict, ...]:
     """In-sample and leave-one-run-out predictions of every run's unprofiled step time
     (and peak memory when measured), with each leave-one-out prediction's 90 % interval
     (the left-out run's own error never enters it): the honesty table ``calib fit``

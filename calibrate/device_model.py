@@ -215,7 +215,14 @@ class Shape:
 
 
 #: the fitted terms whose standard errors propagate into a prediction's interval
-_DEVICE_TERMS = ("attn_s_per_flop", "stream_tbps", "kernel_fixed_s", "optimizer_tbps", "host_s_per_op", "step_gap_s")
+_DEVICE_TERMS = (
+    "attn_s_per_flop",
+    "stream_tbps",
+    "kernel_fixed_s",
+    "optimizer_tbps",
+    "host_s_per_op",
+    "step_gap_s",
+)
 _GEMM_TERMS = ("rate_tflops", "operand_tbps", "fixed_s", "unaligned_m", "unaligned_n", "unaligned_k")
 _FAMILY_TERMS = ("bytes_d", "bytes_ffn", "bytes_vocab", "bytes_param", "bytes_embed", "host_s_per_op", "stream_tbps",
                  "kernel_fixed_s", "host_ops_layer", "act_bytes_d")  # fmt: skip
