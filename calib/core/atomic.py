@@ -31,14 +31,16 @@ class DirExists(FileExistsError):
 
 
 @contextlib.contextmanager
-def replacing_file(path: str | Path, mode: int = 0o644) -> Iterator[Path]:
+def replacing_file(path: str | Path, mode: int = 0o644, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success it is renamed over ``path``.
 
-    On any exception the temporary is removed and ``path`` is untouched.
+    ``suffix`` ends the temporary's name (a writer may choose its format by it, as torch
+    gzips a trace whose name ends in ``.gz``).  On any exception the temporary is removed
+    and ``path`` is untouched.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     os.close(fd)
     tmp = Path(name)
     try:
