@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from calib.core.atomic import write_text
 from calib.core.errors import InputError
 
 TIME_COLUMNS = {
@@ -126,15 +127,11 @@ def emit(text: str, out: str | Path | None) -> str | None:
     path = Path(out)
     if path.is_dir():
         raise InputError("--out", f"{path} is a directory")
-    tmp = path.with_name(f".{path.name}.tmp")
+    if not path.parent.is_dir():
+        raise InputError("--out", f"cannot write {path}: no such directory")
     try:
-        tmp.write_text(text)
-        tmp.replace(path)
-    except FileNotFoundError:
-        tmp.unlink(missing_ok=True)
-        raise InputError("--out", f"cannot write {path}: no such directory") from None
+        write_text(path, text)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise InputError("--out", f"cannot write {path}: {exc.strerror or exc}") from None
     return None
 

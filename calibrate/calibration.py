@@ -55,6 +55,7 @@ from calib.calibrate.params import (  # noqa: F401 - re-exported
 )
 from numpy.typing import ArrayLike
 
+from calib.core.atomic import write_text
 from calib.core.collective_names import (
     ALLGATHER,
     ALLREDUCE,
@@ -309,17 +310,7 @@ class Calibration:
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (temporary file + rename): never a half-written calibration."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        text = json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n"
-        try:
-            tmp.write_text(text)
-            tmp.replace(path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return path
+        return write_text(path, json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:

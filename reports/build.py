@@ -8,9 +8,6 @@ an earlier report at ``DIR`` is replaced only by a complete one.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,6 +19,7 @@ from calib.reports.predictions import Predictions
 from calib.reports.progress import Steps
 from calib.reports.spec import PredictSpec, default_spec
 
+from calib.core.atomic import DirExists, replacing_dir
 from calib.core.errors import InputError
 
 REPORT_FILE = "report.html"
@@ -227,31 +225,27 @@ def write_report(report: Report, out: Path) -> Path:
                 f"{given} is a non-empty directory that holds no calib report; refusing to replace it",
             )
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        with replacing_dir(out, replace=True, may_replace=_holds_report) as tmp:
+            (tmp / "figures").mkdir()
+            (tmp / "data").mkdir()
+            for f in report.figures():
+                (tmp / "figures" / f"{f.key}.png").write_bytes(f.png)
+                f.data.replace({np.inf: np.nan}).to_csv(tmp / "data" / f"{f.key}.csv", index=False)
+            (tmp / REPORT_FILE).write_text(html.render(report), encoding="utf-8")
+            (tmp / "report.md").write_text(markdown.render(report), encoding="utf-8")
+    except DirExists:
+        raise InputError(
+            "--out", f"{given} changed while the report was written; refusing to replace it"
+        ) from None
     except OSError as exc:
         raise InputError("--out", f"cannot write {out}: {exc.strerror or exc}") from None
-    try:
-        (tmp / "figures").mkdir()
-        (tmp / "data").mkdir()
-        for f in report.figures():
-            (tmp / "figures" / f"{f.key}.png").write_bytes(f.png)
-            f.data.replace({np.inf: np.nan}).to_csv(tmp / "data" / f"{f.key}.csv", index=False)
-        (tmp / REPORT_FILE).write_text(html.render(report), encoding="utf-8")
-        (tmp / "report.md").write_text(markdown.render(report), encoding="utf-8")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise InputError("--out", f"cannot write {out}: {exc.strerror or exc}") from None
-        raise
     return out / REPORT_FILE
+
+
+def _holds_report(out: Path) -> bool:
+    """Replace only a directory that is empty or holds a calib report and nothing else."""
+    names = {p.name for p in out.iterdir()} if out.is_dir() else None
+    return names is not None and (not names or (REPORT_FILE in names and not names - REPORT_ENTRIES))
 
 
 def resolve_spec(text: str | None, inputs: Inputs) -> PredictSpec | None:

@@ -10,10 +10,11 @@ import click
 import numpy as np
 import pandas as pd
 
+from calib.commands.options import on_wait, replace_option, run_exists
 from calib.core.errors import InputError
-from calib.core.rundir import write_run
+from calib.core.rundir import RunExists, write_run
 from calib.core.schema import KIND_TRACE
-from calib.core.store import check_name, default_store, run_dir
+from calib.core.store import check_name, check_new_run, default_store, save_run
 from calib.ingest.executors import EXECUTORS, ExecutorSpec, parse_jobs
 from calib.ingest.memory import budget_from_option
 from calib.ingest.pipeline import FRAMEWORKS, IngestOptions, summary_frames
@@ -83,6 +84,7 @@ def _progress(it):
     type=click.Path(path_type=Path),
     help="JSON/YAML file of extra classification rules.",
 )
+@replace_option
 @click.option("--json", "as_json", is_flag=True, help="Print the run (metadata and tables) as JSON.")
 @click.option(
     "--jobs",
@@ -119,6 +121,7 @@ def ingest_cmd(
     zero_stage,
     model_spec,
     rules_file,
+    replace,
     as_json,
     jobs_text,
     executor,
@@ -135,6 +138,10 @@ def ingest_cmd(
     dispatch, inter-op dispatch and other (host waits); then the kernel-class shares of
     kernel time and the collectives (bytes in nccl-tests' size convention, algbw and busbw
     in GB/s with nccl-tests' bus factors).
+
+    A run name that is taken in the store (or an --out directory that holds a run) is
+    refused unless --replace is given; then the old run is replaced atomically, once the
+    new one is complete.  Concurrent ingests into one store are serialised by a lock.
     """
     if system:
         check_name("system", system)
@@ -155,9 +162,16 @@ def ingest_cmd(
         memory=budget_from_option(max_memory),
         memory_from_user=max_memory is not None,
     )
+    store = store or default_store()
+    if run_name and out_dir is None:
+        _refuse_taken(lambda: check_new_run(store, system, run_name, replace=replace), "--name")
     meta, tables = run_ingest(paths, options, progress=_progress, executor=spec)
-    target = out_dir if out_dir is not None else run_dir(store or default_store(), meta.system, meta.name)
-    write_run(target, meta, tables)
+    if out_dir is not None:
+        target = _refuse_taken(lambda: write_run(out_dir, meta, tables, replace=replace), "--out")
+    else:
+        target = _refuse_taken(
+            lambda: save_run(store, meta, tables, replace=replace, on_wait=on_wait), "--name"
+        )
     if as_json:
         doc = {
             "run_dir": str(target),
@@ -174,6 +188,14 @@ def ingest_cmd(
 
 
 ingest = ingest_cmd  # the name calib.cli.COMMANDS resolves
+
+
+def _refuse_taken(write, option: str):
+    """Run ``write``; a taken run name becomes the one-line refusal naming ``option``."""
+    try:
+        return write()
+    except RunExists as exc:
+        raise run_exists(exc.target, option) from None
 
 
 def _print_trace_run(meta, tables) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from calib.commands.predict import MACHINE_HELP, Int, machine_options, model_options, require, resolve_model
+from calib.commands.options import MACHINE_HELP, Int, machine_options, model_options, require, resolve_model
 from calib.core.errors import InputError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from calib.commands.predict import Choice, Fraction, Int, machine_options, require
+from calib.commands.options import Choice, Fraction, Int, machine_options, require
 from calib.core.errors import InputError
 
 SCHEMA_HELP = """\b

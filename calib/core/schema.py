@@ -17,6 +17,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from calib.core.strict import reject_unknown
+
 SCHEMA_VERSION = 1
 RUN_FORMAT = "calib.run"
 
@@ -342,18 +344,20 @@ class RunMeta:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> RunMeta:
+        """Strict: unknown keys, here or in a nested object, are a ValueError (calib.core.strict)."""
+        reject_unknown(d, cls, "run")
         d = dict(d)
-        d["framework"] = Framework(
-            **{
-                **d.get("framework", {}),
-                "detected_from": tuple(d.get("framework", {}).get("detected_from", ())),
-            }
-        )
+        fw = d.get("framework", {})
+        reject_unknown(fw, Framework, "framework")
+        d["framework"] = Framework(**{**fw, "detected_from": tuple(fw.get("detected_from", ()))})
+        for pg in d.get("process_groups", ()):
+            reject_unknown(pg, ProcessGroup, "process_groups")
         d["process_groups"] = tuple(
             ProcessGroup(**{**pg, "ranks": tuple(pg.get("ranks", ()))}) for pg in d.get("process_groups", ())
         )
+        for s in d.get("sources", ()):
+            reject_unknown(s, SourceFile, "sources")
         d["sources"] = tuple(SourceFile(**s) for s in d.get("sources", ()))
         for k in ("ranks", "devices", "tables", "notes"):
             d[k] = tuple(d.get(k, ()))
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in known})
+        return cls(**d)

@@ -49,6 +49,7 @@ from calib.ingest.capture.runconfig import (
     write_run_config,
 )
 
+from calib.core.atomic import replacing_file
 from calib.core.errors import InputError
 
 
@@ -223,12 +224,8 @@ class Capture:
         # the process group may have been created after the capture started
         self._rank, self._world, self._backend = _dist_rank_world()
         final = self.out_dir / trace_name(self._rank)
-        tmp = self.out_dir / f".tmp-{os.getpid()}-{final.name}"  # ends in .gz: torch gzips it
-        try:
+        with replacing_file(final, suffix=".json.gz") as tmp:  # ends in .gz: torch gzips it
             prof.export_chrome_trace(str(tmp))
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
         self.trace_path = final
 
     def step(self) -> None:
