@@ -1,4 +1,4 @@
-"""Run the per-rank ingest (:func:`ingest.pipeline.ingest_rank`) on many traces at once.
+"""Run the per-rank ingest (:func:`ingest.orchestrate.ingest_rank`) on many traces at once.
 
 ``ingest_rank`` is pure (file in, tables out), so how it is driven is a choice of
 executor, and every executor gives the same run:
@@ -29,7 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from calib.ingest.memory import MemoryBudget, default_budget
+from calib.ingest.budget import MemoryBudget, default_budget
 from calib.ingest.rules import DEFAULT_RULES, Rules
 
 from calib.core.errors import InputError
@@ -105,7 +105,7 @@ def cpu_count() -> int:
 
 def run_job(index: int, job: RankJob) -> _Outcome:
     """The worker side: ingest one rank.  Module-level so every executor can ship it."""
-    from calib.ingest.pipeline import ingest_rank
+    from calib.ingest.orchestrate import ingest_rank
 
     try:
         result = ingest_rank(job.path, job.rank_hint, job.rules, memory_budget_bytes=job.memory_budget_bytes)
@@ -161,7 +161,7 @@ def _mp_context() -> multiprocessing.context.BaseContext:
     if main_file is not None and not Path(main_file).is_file():
         return multiprocessing.get_context("fork")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["calib.ingest.pipeline", "calib.ingest.stream"])
+    ctx.set_forkserver_preload(["calib.ingest.orchestrate", "calib.ingest.stream"])
     return ctx
 
 

@@ -47,7 +47,7 @@ _OPTIMIZER = re.compile(r"^Optimizer\.step#|^optimizer$")
 
 
 def process_groups(dist_info: dict[str, Any]) -> tuple[ProcessGroup, ...]:
-    from calib.ingest.collectives import pg_role
+    from calib.ingest.collective_calls import pg_role
 
     out = []
     for pg in dist_info.get("pg_config") or []:

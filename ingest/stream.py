@@ -24,9 +24,9 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from calib.ingest.budget import STREAMED_BYTES_PER_EVENT, human
 from calib.ingest.events import Events, normalise
 from calib.ingest.inflate import Inflated, prefetched
-from calib.ingest.memory import STREAMED_BYTES_PER_EVENT, human
 from calib.ingest.reader import (
     MAX_SPAN_US,
     Args,

@@ -80,8 +80,8 @@ def prepare(out: Path) -> Path:
 def run_demo(out: Path, fixtures: Path = FIXTURES, echo: Callable[[str], None] = print) -> Path:
     """Run the pipeline; return the report's path.  ``echo`` gets one plain line per step."""
     from calib.calibrate.fit import fit_system
-    from calib.ingest.pipeline import IngestOptions
-    from calib.ingest.pipeline import ingest as run_ingest
+    from calib.ingest.orchestrate import IngestOptions
+    from calib.ingest.orchestrate import ingest as run_ingest
     from calib.reports.build import make_report, resolve_spec, write_report
     from calib.reports.inputs import gather
 

@@ -9,7 +9,7 @@ import pytest
 from calib.calibrate.calibration import FITTED, Calibration
 from calib.calibrate.compute import level_efficiency, run_points, work_levels
 from calib.calibrate.fit import fit_system
-from calib.ingest.pipeline import IngestOptions, ingest
+from calib.ingest.orchestrate import IngestOptions, ingest
 
 from calib.core.rundir import write_run
 from calib.core.store import list_runs, run_dir

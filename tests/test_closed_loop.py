@@ -53,7 +53,7 @@ from calib.analytic.timemodel import evaluate
 from calib.calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
 from calib.calibrate.compute import fit_compute_slots, node_points, run_points
 from calib.calibrate.fit import fit_system
-from calib.ingest.pipeline import IngestOptions, ingest
+from calib.ingest.orchestrate import IngestOptions, ingest
 
 from calib.core.rundir import read_run, write_run
 from calib.core.store import list_runs, run_dir

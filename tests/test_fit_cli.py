@@ -164,7 +164,7 @@ def test_exit_code_and_single_line_through_the_console(store, tmp_path):
 
 def test_trace_runs_feed_dispatch_and_k1(tmp_path):
     """Real CPU traces of one model: dispatch per op is fitted, k1 is anchored but unidentifiable."""
-    from calib.ingest.pipeline import IngestOptions, ingest
+    from calib.ingest.orchestrate import IngestOptions, ingest
 
     for key in ("ws2_ddp_rank0", "ws2_fsdp_full_rank0"):
         meta, tables = ingest([CPU_TRACES[key]], IngestOptions(system="cpu", name=key))

@@ -45,8 +45,8 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 def ingest(paths, store: Path, system: str, name: str) -> Path:
-    from calib.ingest.pipeline import IngestOptions
-    from calib.ingest.pipeline import ingest as run_ingest
+    from calib.ingest.orchestrate import IngestOptions
+    from calib.ingest.orchestrate import ingest as run_ingest
 
     from calib.core.rundir import write_run
     from calib.core.store import run_dir

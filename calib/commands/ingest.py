@@ -14,10 +14,10 @@ from calib.core.errors import InputError
 from calib.core.rundir import write_run
 from calib.core.schema import KIND_TRACE
 from calib.core.store import check_name, default_store, run_dir
+from calib.ingest.budget import budget_from_option
 from calib.ingest.executors import EXECUTORS, ExecutorSpec, parse_jobs
-from calib.ingest.memory import budget_from_option
-from calib.ingest.pipeline import FRAMEWORKS, IngestOptions, summary_frames
-from calib.ingest.pipeline import ingest as run_ingest
+from calib.ingest.orchestrate import FRAMEWORKS, IngestOptions, summary_frames
+from calib.ingest.orchestrate import ingest as run_ingest
 from calib.ingest.rules import load_rules
 
 _MODEL_KEYS = {"d": int, "l": int, "a": int, "s": int, "V": int, "b": int, "name": str}

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from calib.ingest import buckets as _buckets
-from calib.ingest import collectives as _collectives
+from calib.ingest import collective_calls as _collectives
 from calib.ingest import device_ops as _device_ops
 from calib.ingest import frameworks as _frameworks
 from calib.ingest import gemms as _gemms
@@ -160,7 +160,7 @@ def _read(path: Path, budget: int | None) -> tuple[RawTrace, Events, list[str]]:
     The gzip trailer's size decides, but it can lie (or wrap at 4 GiB), so the in-memory
     inflate is bounded too and falls back to streaming when it overruns.
     """
-    from calib.ingest import memory
+    from calib.ingest import budget as memory
 
     if budget is None:
         raw = read_trace(path)
