@@ -52,7 +52,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     if not gpus:
         from calib.core.errors import InputError
 
-        raise InputError("--gpus", "give at least one GPU count")
+        raise InputError("gpus", "give at least one GPU count")
     gpus = sorted(set(gpus))
     dps, batches = [], []
     for n in gpus:

@@ -63,11 +63,11 @@ class ExecutorSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in EXECUTORS:
-            raise InputError("--executor", f"unknown executor '{self.kind}' (known: {', '.join(EXECUTORS)})")
+            raise InputError("executor", f"unknown executor '{self.kind}' (known: {', '.join(EXECUTORS)})")
         if self.jobs < 1:
-            raise InputError("--jobs", f"must be at least 1, got {self.jobs}")
+            raise InputError("jobs", f"must be at least 1, got {self.jobs}")
         if self.scheduler and self.kind != "dask":
-            raise InputError("--scheduler", "only applies with --executor dask")
+            raise InputError("scheduler", "only applies to the dask executor")
 
 
 @dataclass
@@ -89,9 +89,9 @@ def parse_jobs(text: str | int | None) -> int:
     try:
         n = int(text)
     except ValueError:
-        raise InputError("--jobs", f"expected a positive integer or 'auto', got '{text}'") from None
+        raise InputError("jobs", f"expected a positive integer or 'auto', got '{text}'") from None
     if n < 1:
-        raise InputError("--jobs", f"must be at least 1, got {n}")
+        raise InputError("jobs", f"must be at least 1, got {n}")
     return n
 
 
@@ -179,9 +179,9 @@ def _run_pool(jobs: Sequence[RankJob], workers: int, progress: Progress | None) 
                 except BrokenProcessPool:
                     # a worker was killed (the kernel's OOM killer, a signal): say so in one line
                     raise InputError(
-                        "--jobs",
+                        "jobs",
                         f"a worker process died while ingesting {jobs[futures.index(f)].path} "
-                        "(killed, or out of memory: give fewer --jobs or a smaller --max-memory)",
+                        "(killed, or out of memory: give fewer jobs or a smaller memory budget)",
                     ) from None
 
     try:
@@ -196,14 +196,14 @@ def _run_dask(jobs: Sequence[RankJob], spec: ExecutorSpec, progress: Progress | 
         from distributed.scheduler import KilledWorker
     except ImportError:
         raise InputError(
-            "--executor", "dask is not installed; install it with: pip install 'calib[dask]'"
+            "executor", "dask is not installed; install it with: pip install 'calib[dask]'"
         ) from None
     cluster = None
     if spec.scheduler:
         try:
             client = Client(spec.scheduler)  # waits distributed.comm.timeouts.connect (30 s)
         except (OSError, TimeoutError, ValueError) as exc:
-            raise InputError("--scheduler", f"cannot connect to {spec.scheduler}: {exc}") from None
+            raise InputError("scheduler", f"cannot connect to {spec.scheduler}: {exc}") from None
         per_task = _remote_budget(client, spec)
     else:
         budget = spec.memory or default_budget()
@@ -229,9 +229,9 @@ def _run_dask(jobs: Sequence[RankJob], spec: ExecutorSpec, progress: Progress | 
                     yield f.result()
                 except KilledWorker:
                     raise InputError(
-                        "--executor",
+                        "executor",
                         f"Dask workers kept dying while ingesting {jobs[index[f.key]].path} "
-                        "(out of memory?); give the workers more memory or a smaller --max-memory",
+                        "(out of memory?); give the workers more memory or a smaller memory budget",
                     ) from None
 
         try:

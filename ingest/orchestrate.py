@@ -54,10 +54,10 @@ class IngestOptions:
     def __post_init__(self) -> None:
         if self.framework is not None and self.framework not in FRAMEWORKS:
             raise InputError(
-                "--framework", f"unknown framework '{self.framework}' (known: {', '.join(FRAMEWORKS)})"
+                "framework", f"unknown framework '{self.framework}' (known: {', '.join(FRAMEWORKS)})"
             )
         if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
-            raise InputError("--zero-stage", f"ZeRO stage must be 0, 1, 2 or 3, not {self.zero_stage}")
+            raise InputError("zero_stage", f"ZeRO stage must be 0, 1, 2 or 3, not {self.zero_stage}")
 
 
 @dataclass

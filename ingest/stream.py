@@ -114,7 +114,7 @@ class _Columns:
             raise InputError(
                 self.path,
                 f"even streamed, over {self.n_complete} complete events need more than the "
-                f"{human(self.budget)} memory budget of this worker; give more with --max-memory",
+                f"{human(self.budget)} memory budget of this worker; give it a larger memory budget",
             )
         p = self.parts
         p["ts"].append(raw.ts_us)

@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 from calib.analytic import formulas as F
 from calib.analytic.comm import group_time_s
+from calib.analytic.machine import default_calibration
 from calib.analytic.predict import Plan, predict
 from calib.analytic.search import Space, search
-from calib.analytic.source import default_calibration, resolve_system
 from calib.analytic.specs import load_hardware, load_model
 from calib.analytic.strategy import Strategies
 from calib.analytic.timemodel import TIME_KEYS, System, evaluate
 
 from calib.core.collective_names import ALLGATHER, ALLREDUCE
+from calib.resolve import resolve_system
 
 ROOT = Path(__file__).parents[1]
 

@@ -112,7 +112,7 @@ def test_system_with_only_unusable_runs_says_what_each_factor_needs(tmp_path):
     write_run(run_dir(tmp_path, "empty", "r"), RunMeta(name="r", kind="bench", system="empty"), {})
     with pytest.raises(InputError) as exc:
         invoke("fit", "--system", "empty", "--store", str(tmp_path))
-    for need in ("nccl-tests logs", ">= 2 node counts", "profiler traces", "--peak-tflops"):
+    for need in ("nccl-tests logs", ">= 2 node counts", "profiler traces", "peak_tflops"):
         assert need in exc.value.problem
     assert not calibration_path(tmp_path, "empty").exists()
 

@@ -156,9 +156,9 @@ def _notes(cfg, backend: str, n: int) -> list[str]:  # noqa: ANN001
 
 
 def _finish(df, cfg, backend: str, n: int, system: str | None, name: str, store: Path, devices) -> None:  # noqa: ANN001
+    from calib.commands.bench_record import write_bench_run
     from calib.core.schema import conform
     from calib.ingest.capture.bench_collectives import format_samples
-    from calib.ingest.capture.record import write_bench_run
 
     conform("samples", df)  # schema check before anything is written
     click.echo(format_samples(df))
@@ -177,9 +177,9 @@ def _finish(df, cfg, backend: str, n: int, system: str | None, name: str, store:
 
 
 def _run_local(cfg, nproc: int, system: str | None, name: str | None, store: Path) -> None:  # noqa: ANN001
+    from calib.commands.bench_record import default_name
     from calib.ingest.capture.bench_collectives import HEADER, bench_collectives_local
     from calib.ingest.capture.profile import host_info
-    from calib.ingest.capture.record import default_name
 
     name = name or default_name(f"coll-gloo-n{nproc}")
     _target(store, system, name)
@@ -197,8 +197,8 @@ def _run_launched(cfg, backend: str, system: str | None, name: str | None, store
     import torch
     import torch.distributed as dist
 
+    from calib.commands.bench_record import default_name
     from calib.ingest.capture.bench_collectives import HEADER, bench_device, print_row, run_collective_bench
-    from calib.ingest.capture.record import default_name
 
     created = not dist.is_initialized()
     if created:
@@ -276,6 +276,7 @@ def gemm(
     device synchronisations; time is the median repeat's mean call (seconds).  The
     'spread' column is (slowest - fastest repeat) / median: large on a busy host.
     """
+    from calib.commands.bench_record import default_name, write_bench_run
     from calib.core.schema import conform
     from calib.ingest.capture.bench_gemm import (
         HEADER,
@@ -288,7 +289,6 @@ def gemm(
         square_shapes,
         transformer_shapes,
     )
-    from calib.ingest.capture.record import default_name, write_bench_run
     from calib.ingest.capture.units import (
         parse_dtype,
         parse_kv_ints,
