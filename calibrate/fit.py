@@ -191,7 +191,7 @@ def _device_model(sel: Selection, samples: pd.DataFrame, peak_info, profiler_ove
     if lim is not None:
         peak, hbm, source = lim.bf16_tflops, lim.hbm_tbps, lim.source
     elif peak_info is not None:
-        peak, hbm, source = peak_info.tflops, 0.0, "best calib bench gemm throughput (no datasheet known)"
+        peak, hbm, source = peak_info.tflops, 0.0, "best GEMM benchmark throughput (no datasheet known)"
     else:
         peak, hbm, source = 0.0, 0.0, "no datasheet and no benchmark: rates are absolute"
     stated = profiler_overhead - 1.0 if profiler_overhead else None
