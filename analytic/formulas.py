@@ -34,7 +34,7 @@ def recompute_code(name: str) -> int:
     try:
         return RECOMPUTE_NAMES.index(name.strip().lower())
     except ValueError:
-        raise InputError("--recompute", f"unknown recompute mode '{name}' (none, selective, full)") from None
+        raise InputError("recompute", f"unknown recompute mode '{name}' (none, selective, full)") from None
 
 
 # ---- parameters ----------------------------------------------------------------------

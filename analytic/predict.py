@@ -3,7 +3,7 @@
 Scaling is reported against the smallest configuration g two ways:
 
 * ``speedup`` = tokens/s at n over tokens/s at g, and ``scaling_eff`` = speedup * g / n;
-* ``seed004_speedup``: seed 004's formula from g's time shares and the communication
+* ``speedup_comm_model``: seed 004's formula from g's time shares and the communication
   efficiency eff_{g->n} = t_comm(g) / t_comm(n):
   (tokens per iteration ratio) * (r_compute + r_comm) / (r_compute + r_comm / eff_{g->n}),
   which equals ``speedup`` whenever the per-GPU compute does not change with n (weak
@@ -52,7 +52,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     if not gpus:
         from calib.core.errors import InputError
 
-        raise InputError("--gpus", "give at least one GPU count")
+        raise InputError("gpus", "give at least one GPU count")
     gpus = sorted(set(gpus))
     dps, batches = [], []
     for n in gpus:
@@ -113,4 +113,9 @@ def scaling(df: pd.DataFrame) -> dict[str, np.ndarray]:
     # the seed's formula holds compute fixed: defined only when the work per GPU is unchanged
     weak = np.isclose(batch / n, batch[0] / n[0])
     seed = np.where(weak, seed, np.nan)
-    return {"speedup": speedup, "scaling_eff": speedup * n[0] / n, "eff_comm": eff, "seed004_speedup": seed}
+    return {
+        "speedup": speedup,
+        "scaling_eff": speedup * n[0] / n,
+        "eff_comm": eff,
+        "speedup_comm_model": seed,
+    }

@@ -250,7 +250,7 @@ def load_model(name_or_file: str) -> ModelSpec:
         entry = _read_mapping(path)
         return _build(ModelSpec, path, entry.pop("name", path.stem), entry)
     raise InputError(
-        "--model", f"unknown model '{name_or_file}' (presets: {', '.join(presets)}; or a YAML/JSON file)"
+        "model", f"unknown model '{name_or_file}' (presets: {', '.join(presets)}; or a YAML/JSON file)"
     )
 
 
@@ -266,7 +266,7 @@ def load_hardware(name_or_file: str) -> HardwareSpec:
         entry = _read_mapping(path)
         return _build(HardwareSpec, path, entry.pop("name", path.stem), entry)
     raise InputError(
-        "--hardware",
+        "hardware",
         f"unknown hardware '{name_or_file}' (presets: {', '.join(presets)}; or a YAML/JSON file)",
     )
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 from calib.analytic import device_path as DP
 from calib.analytic import formulas as F
+from calib.analytic.bubble import pipeline_time_s
 from calib.analytic.comm import group_time_s, members_per_node
 from calib.analytic.memory import BYTES_GRAD, activations_bytes, memory_per_gpu
-from calib.analytic.pipeline import pipeline_time_s
 from calib.analytic.specs import HardwareSpec, ModelColumns, ModelSpec
 from calib.analytic.strategy import Strategies
 from calib.calibrate import device_step as D

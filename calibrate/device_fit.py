@@ -303,7 +303,7 @@ def fit_host(
             phi, note=f"from {len(host_bound)} host-bound run(s): profiled host issue / unprofiled step - 1"
         )
     elif stated_overhead is not None:
-        phi = Param(stated_overhead, unit="", status=FIXED, note="stated (--profiler-overhead)")
+        phi = Param(stated_overhead, unit="", status=FIXED, note="stated (profiler_overhead)")
     else:
         bound = max([f.host_issue_s / f.step_s - 1.0 for f in timed] + [0.0])
         phi = Param(bound, unit="", status=UNIDENTIFIABLE,
@@ -431,4 +431,4 @@ def summary(dm: DeviceModel) -> str:
         if inside:
             text += (f", {sum(inside)}/{len(inside)} inside their 90 % interval "
                      f"(median half-width {np.median(halves):.1%})")  # fmt: skip
-    return text + " (calib validate --runs SYSTEM for the table)"
+    return text + " (per-run table: validation against the system's runs)"

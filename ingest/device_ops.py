@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from calib.ingest.collectives import _decode_many, itemsize
+from calib.ingest.collective_calls import _decode_many, itemsize
 from calib.ingest.events import RUNTIME, Events
 from calib.ingest.timeline import Timeline
 

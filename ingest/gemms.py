@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from calib.ingest.collectives import _decode_many
+from calib.ingest.collective_calls import _decode_many
 from calib.ingest.events import Events
 from calib.ingest.timeline import Timeline
 

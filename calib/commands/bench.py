@@ -55,8 +55,8 @@ def _target(dest: _Dest, system: str | None, name: str) -> Path:
 
 
 def _save(dest: _Dest, system: str | None, name: str, table: str, df, **meta) -> Path:  # noqa: ANN001
+    from calib.commands.bench_record import write_bench_run
     from calib.core.rundir import RunExists
-    from calib.ingest.capture.record import write_bench_run
 
     try:
         return write_bench_run(
@@ -202,9 +202,9 @@ def _finish(df, cfg, backend: str, n: int, system: str | None, name: str, store:
 
 
 def _run_local(cfg, nproc: int, system: str | None, name: str | None, store: _Dest) -> None:  # noqa: ANN001
+    from calib.commands.bench_record import default_name
     from calib.ingest.capture.bench_collectives import HEADER, bench_collectives_local
     from calib.ingest.capture.profile import host_info
-    from calib.ingest.capture.record import default_name
 
     name = name or default_name(f"coll-gloo-n{nproc}")
     _target(store, system, name)
@@ -222,8 +222,8 @@ def _run_launched(cfg, backend: str, system: str | None, name: str | None, store
     import torch
     import torch.distributed as dist
 
+    from calib.commands.bench_record import default_name
     from calib.ingest.capture.bench_collectives import HEADER, bench_device, print_row, run_collective_bench
-    from calib.ingest.capture.record import default_name
 
     created = not dist.is_initialized()
     if created:
@@ -303,6 +303,7 @@ def gemm(
     device synchronisations; time is the median repeat's mean call (seconds).  The
     'spread' column is (slowest - fastest repeat) / median: large on a busy host.
     """
+    from calib.commands.bench_record import default_name
     from calib.core.schema import conform
     from calib.ingest.capture.bench_gemm import (
         HEADER,
@@ -315,7 +316,6 @@ def gemm(
         square_shapes,
         transformer_shapes,
     )
-    from calib.ingest.capture.record import default_name
     from calib.ingest.capture.units import (
         parse_dtype,
         parse_kv_ints,

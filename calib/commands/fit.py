@@ -81,6 +81,7 @@ def fit(
     """
     from calib.calibrate.fit import fit_system
     from calib.calibrate.select import parse_where
+    from calib.resolve import system_runs
 
     check_name("system", system)
     if peak_tflops is not None and not peak_tflops > 0:
@@ -95,7 +96,7 @@ def fit(
             "--store", f"{store} does not exist (ingest runs first: calib ingest PATH --system {system})"
         )
     cal = fit_system(
-        store,
+        system_runs(store, system),
         system,
         where=parse_where(where_items),
         peak_tflops=peak_tflops,

@@ -15,10 +15,10 @@ from calib.core.errors import InputError
 from calib.core.rundir import RunExists, write_run
 from calib.core.schema import KIND_TRACE
 from calib.core.store import check_name, check_new_run, default_store, save_run
+from calib.ingest.budget import budget_from_option
 from calib.ingest.executors import EXECUTORS, ExecutorSpec, parse_jobs
-from calib.ingest.memory import budget_from_option
-from calib.ingest.pipeline import FRAMEWORKS, IngestOptions, summary_frames
-from calib.ingest.pipeline import ingest as run_ingest
+from calib.ingest.orchestrate import FRAMEWORKS, IngestOptions
+from calib.ingest.orchestrate import ingest as run_ingest
 from calib.ingest.rules import load_rules
 
 _MODEL_KEYS = {"d": int, "l": int, "a": int, "s": int, "V": int, "b": int, "name": str}
@@ -273,3 +273,28 @@ def _fmt(v: float) -> str:
     if not np.isfinite(v):
         return "nan"
     return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+
+
+def summary_frames(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """Derived views for printing: bucket percentages, class shares, collective summary."""
+    b = tables["buckets"]
+    out: dict[str, pd.DataFrame] = {}
+    if not b.empty:
+        pct = b[["comm_s", "comm_exposed_s", "kernel_s", "memcpy_s", "intra_op_s", "inter_op_s", "other_s"]]
+        out["bucket_pct"] = (100.0 * pct.div(b["wall_s"].replace(0, np.nan), axis=0)).add_suffix("%")
+    k = tables["kernels"]
+    if not k.empty:
+        share = k.groupby(["rank", "kernel_class"], sort=False)["time_s"].sum().unstack(fill_value=0.0)
+        total = share.sum(axis=1).replace(0, np.nan)
+        out["class_pct"] = 100.0 * share.div(total, axis=0)
+    c = tables["collectives"]
+    if not c.empty:
+        keys = ["collective", "pg_name", "dtype", "bytes", "group_size"]
+        g = c.fillna({"pg_name": "-", "dtype": "-"}).groupby(keys, sort=True, dropna=False)
+        out["collective_summary"] = g.agg(
+            count=("dur_s", "size"),
+            mean_s=("dur_s", "mean"),
+            algbw_gbps=("algbw_gbps", "median"),
+            busbw_gbps=("busbw_gbps", "median"),
+        ).reset_index()
+    return out

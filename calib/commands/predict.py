@@ -95,11 +95,11 @@ Example:
 def predict(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus, zero,
             tp, pp, interleave, micro_batch, global_batch, recompute, seq_parallel, dp_overlap, flash_attention,
             ranks_per_node, as_json, as_csv, out, **shape):  # fmt: skip
-    from calib.analytic import output
     from calib.analytic.formulas import recompute_code
     from calib.analytic.predict import Plan
     from calib.analytic.predict import predict as run_predict
-    from calib.analytic.source import resolve_system
+    from calib.commands import output
+    from calib.resolve import resolve_system
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")

@@ -84,11 +84,11 @@ Examples:
 @click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
 def search(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus,
            global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, as_json, as_csv, out, **shape):  # fmt: skip
-    from calib.analytic import output
     from calib.analytic.formulas import RECOMPUTE_NAMES
     from calib.analytic.search import Space
     from calib.analytic.search import search as run_search
-    from calib.analytic.source import resolve_system
+    from calib.commands import output
+    from calib.resolve import resolve_system
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")

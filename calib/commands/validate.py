@@ -77,10 +77,10 @@ def validate(
     as_csv,
     out,
 ):
-    from calib.analytic import output
-    from calib.analytic.source import resolve_system
     from calib.analytic.validate import validate as run_validate
     from calib.analytic.vtable import read_table
+    from calib.commands import output
+    from calib.resolve import resolve_system
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")

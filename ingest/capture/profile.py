@@ -257,7 +257,7 @@ class Capture:
         complete = self.done
         if not complete:
             warnings.warn(
-                f"calib capture: the loop ran {len(self.step_times_s)} steps, fewer than the "
+                f"calib.capture: the loop ran {len(self.step_times_s)} steps, fewer than the "
                 f"{self.settings.window_steps} the window needs; the trace is partial or missing",
                 stacklevel=2,
             )

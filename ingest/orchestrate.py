@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -19,14 +18,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from calib.ingest import buckets as _buckets
-from calib.ingest import collectives as _collectives
+from calib.ingest import collective_calls as _collectives
 from calib.ingest import device_ops as _device_ops
 from calib.ingest import frameworks as _frameworks
 from calib.ingest import gemms as _gemms
-from calib.ingest.capture.runconfig import RUN_CONFIG_NAME
+from calib.ingest.discover import default_name, find_inputs, rank_hints
 from calib.ingest.events import Events, normalise
 from calib.ingest.executors import ExecutorSpec, RankJob, run_jobs
-from calib.ingest.reader import InflateLimit, RawTrace, read_trace, sniff
+from calib.ingest.reader import InflateLimit, RawTrace, read_trace
 from calib.ingest.rules import DEFAULT_RULES, Rules
 from calib.ingest.timeline import build as build_timeline
 
@@ -35,8 +34,6 @@ from calib.core.errors import InputError
 from calib.core.schema import KIND_TRACE, Framework, ProcessGroup, RunMeta, SourceFile
 
 FRAMEWORKS = ("ddp", "fsdp", "fsdp2", "deepspeed", "megatron", "zero", "pytorch", "unknown")
-_TRACE_SUFFIXES = (".json", ".json.gz")
-_RANK_RE = re.compile(r"(?:rank|_r|-r)[-_]?(\d+)(?!.*\d)", re.I)
 
 
 @dataclass(frozen=True)
@@ -54,10 +51,10 @@ class IngestOptions:
     def __post_init__(self) -> None:
         if self.framework is not None and self.framework not in FRAMEWORKS:
             raise InputError(
-                "--framework", f"unknown framework '{self.framework}' (known: {', '.join(FRAMEWORKS)})"
+                "framework", f"unknown framework '{self.framework}' (known: {', '.join(FRAMEWORKS)})"
             )
         if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
-            raise InputError("--zero-stage", f"ZeRO stage must be 0, 1, 2 or 3, not {self.zero_stage}")
+            raise InputError("zero_stage", f"ZeRO stage must be 0, 1, 2 or 3, not {self.zero_stage}")
 
 
 @dataclass
@@ -160,7 +157,7 @@ def _read(path: Path, budget: int | None) -> tuple[RawTrace, Events, list[str]]:
     The gzip trailer's size decides, but it can lie (or wrap at 4 GiB), so the in-memory
     inflate is bounded too and falls back to streaming when it overruns.
     """
-    from calib.ingest import memory
+    from calib.ingest import budget as memory
 
     if budget is None:
         raw = read_trace(path)
@@ -231,64 +228,6 @@ def _unlaunched_in_first_window(ev, tl) -> int:
     return int((in_first & no_launch).sum() + comm_first.sum())
 
 
-def find_inputs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path], list[str]]:
-    """Split the given files/directories into Kineto traces and nccl-tests logs, by content.
-
-    Files named explicitly must be one or the other.  Inside directories, files that are
-    neither (host lists, READMEs) are skipped and reported in the returned notes.
-    """
-    from calib.ingest.nccl_tests import looks_like_nccl_tests
-
-    traces: list[Path] = []
-    logs: list[Path] = []
-    notes: list[str] = []
-    if not paths:
-        raise InputError("PATH", "give at least one trace file, nccl-tests log or directory")
-    for p in map(Path, paths):
-        if not p.exists():
-            raise InputError(p, "no such file or directory")
-        if p.is_dir():
-            entries = sorted(f for f in p.rglob("*") if not f.name.startswith("."))
-            broken = [f for f in entries if f.is_symlink() and not f.exists()]
-            if broken:
-                raise InputError(broken[0], "broken symbolic link: the file it points to is missing")
-            files = [f for f in entries if f.is_file()]
-            if not files:
-                raise InputError(p, "directory has no files")
-            explicit = False
-        else:
-            files, explicit = [p], True
-        for f in files:
-            if not explicit and f.name == RUN_CONFIG_NAME:
-                continue  # the capture sidecar: read by ingest(), not a trace
-            head = sniff(f, 4096)
-            first = head.lstrip()[:1]
-            if first in ("{", "["):
-                if not explicit and not f.name.endswith(_TRACE_SUFFIXES):
-                    notes.append(f"skipped {f}: JSON but not named *.json/*.json.gz")
-                    continue
-                if not explicit and first == "{" and '"traceEvents"' not in sniff(f, 1 << 16):
-                    notes.append(f"skipped {f}: JSON without 'traceEvents' in its first 64 KiB")
-                    continue
-                traces.append(f)
-            elif looks_like_nccl_tests(head):
-                logs.append(f)
-            elif explicit:
-                what = (
-                    "empty file"
-                    if not head.strip()
-                    else "neither a Kineto trace (JSON) nor an nccl-tests log"
-                )
-                raise InputError(f, what)
-            else:
-                notes.append(f"skipped {f}: neither a trace nor an nccl-tests log")
-    if not traces and not logs:
-        raise InputError(paths[0], "no Kineto traces or nccl-tests logs found")
-    if traces and logs:
-        raise InputError(paths[0], "mixes Kineto traces and nccl-tests logs; ingest them as separate runs")
-    return traces, logs, notes
-
-
 def ingest(
     paths: Sequence[str | Path],
     options: IngestOptions,
@@ -303,13 +242,13 @@ def ingest(
     traces, logs, notes = find_inputs(paths)
     options, sidecar_notes = apply_run_config(paths, options)
     notes = [*notes, *sidecar_notes]
-    name = options.name or _default_name(paths)
+    name = options.name or default_name(paths)
     if logs:
         from calib.ingest.nccl_tests import ingest_nccl_tests
 
         meta, tables = ingest_nccl_tests(logs, name=name, system=options.system)
         return replace(meta, notes=(*meta.notes, *notes)), tables
-    hints = _rank_hints(traces)
+    hints = rank_hints(traces)
     jobs = [RankJob(p, h, options.rules) for p, h in zip(traces, hints, strict=True)]
     results = run_jobs(jobs, executor or ExecutorSpec(), progress)
     return assemble(results, options, name, notes)
@@ -463,22 +402,6 @@ def _merge_frameworks(found: list[Framework]) -> Framework:
     )
 
 
-def _rank_hints(files: list[Path]) -> list[int]:
-    hints = []
-    for i, f in enumerate(files):
-        m = _RANK_RE.search(f.name)
-        hints.append(int(m.group(1)) if m else i)
-    return hints
-
-
-def _default_name(paths: Sequence[str | Path]) -> str:
-    from calib.core.store import safe_name
-
-    first = Path(paths[0])
-    name = safe_name(first.name if first.name else first.resolve().name)
-    return name if len(paths) == 1 else f"{name}+{len(paths) - 1}"
-
-
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -486,28 +409,3 @@ def _version() -> str:
         return version("calib")
     except Exception:  # noqa: BLE001 - running from a source tree
         return "0.0.0+src"
-
-
-def summary_frames(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    """Derived views for printing: bucket percentages, class shares, collective summary."""
-    b = tables["buckets"]
-    out: dict[str, pd.DataFrame] = {}
-    if not b.empty:
-        pct = b[["comm_s", "comm_exposed_s", "kernel_s", "memcpy_s", "intra_op_s", "inter_op_s", "other_s"]]
-        out["bucket_pct"] = (100.0 * pct.div(b["wall_s"].replace(0, np.nan), axis=0)).add_suffix("%")
-    k = tables["kernels"]
-    if not k.empty:
-        share = k.groupby(["rank", "kernel_class"], sort=False)["time_s"].sum().unstack(fill_value=0.0)
-        total = share.sum(axis=1).replace(0, np.nan)
-        out["class_pct"] = 100.0 * share.div(total, axis=0)
-    c = tables["collectives"]
-    if not c.empty:
-        keys = ["collective", "pg_name", "dtype", "bytes", "group_size"]
-        g = c.fillna({"pg_name": "-", "dtype": "-"}).groupby(keys, sort=True, dropna=False)
-        out["collective_summary"] = g.agg(
-            count=("dur_s", "size"),
-            mean_s=("dur_s", "mean"),
-            algbw_gbps=("algbw_gbps", "median"),
-            busbw_gbps=("busbw_gbps", "median"),
-        ).reset_index()
-    return out

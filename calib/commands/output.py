@@ -45,7 +45,7 @@ RATE_COLUMNS = {
     "mfu": "MFU",
     "speedup": "speedup",
     "scaling_eff": "scaling eff",
-    "seed004_speedup": "seed004 speedup",
+    "speedup_comm_model": "comm-model speedup",
 }
 LAYOUT = {
     "gpus": "GPUs",
@@ -74,7 +74,7 @@ def predict_text(table: pd.DataFrame, header: list[str], notes: list[str]) -> st
     rate["tokens/s"] = rate["tokens/s"].map(lambda v: f"{v:,.0f}")
     for c in ("TFLOP/s/GPU",):
         rate[c] = rate[c].round(1)
-    for c in ("speedup", "scaling eff", "seed004 speedup"):
+    for c in ("speedup", "scaling eff", "comm-model speedup"):
         rate[c] = rate[c].map(lambda v: "n/a" if not np.isfinite(v) else f"{v:.3f}")
     out = [*header, ""]
     out += ["layout", _indent(lay.to_string(index=False)), ""]

@@ -1,6 +1,6 @@
 """Store benchmark results as a run of kind ``bench``, as nccl-tests logs are stored.
 
-``calib fit`` then finds them next to ingested traces and nccl-tests samples of the same
+The fit then finds them next to ingested traces and nccl-tests samples of the same
 system: ``<store>/<system>/runs/<name>/`` with a ``samples`` or ``gemm_samples`` table.
 """
 
