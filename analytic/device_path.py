@@ -80,5 +80,7 @@ def memory(
     V_eff = np.where(p_ == 1, sh.V, 0.0)  # logits live on the last stage only
     mem = D.memory_bytes(dm, fam, p_w, p_opt, p_grad, T, sh.L / p_, sh.d, V_eff, t_acts, scale)
     mem = {f"mem_{k}_bytes": np.asarray(v_, dtype=float) for k, v_ in mem.items()}
-    mem["mem_total_bytes"] = mem["mem_total_bytes"] + reserve_bytes
+    # the total is what the framework allocates at its peak (torch.cuda.max_memory_allocated);
+    # the runtime's own reserve (context, allocator slack) counts only against device memory
+    mem["mem_reserve_bytes"] = np.full_like(mem["mem_total_bytes"], float(reserve_bytes))
     return mem

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 from calib.analytic.specs import HardwareSpec, hardware_for_device
 from calib.analytic.timemodel import System
 from calib.calibrate.calibration import DEFAULT, Calibration, CollectiveCurve, Param
@@ -77,6 +78,7 @@ def transfer(cal: Calibration, target: HardwareSpec, source: HardwareSpec | None
         k1_curve=cal.k1_curve or base.k1_curve,
         k2_curve=cal.k2_curve or base.k2_curve,
         dispatch=cal.dispatch or base.dispatch,
+        device_model=cal.device_model,  # moved to the target device by System.device_model
         provenance={
             "transferred_from": cal.system,
             "target_hardware": target.name,
@@ -84,6 +86,25 @@ def transfer(cal: Calibration, target: HardwareSpec, source: HardwareSpec | None
         },
         notes=(*cal.notes, f"transferred from {cal.system} to hardware spec '{target.name}'"),
     )
+
+
+def _fill_collectives(cal: Calibration, hw: HardwareSpec, notes: list[str]) -> Calibration:
+    """Collectives the calibration has no samples for: the hardware spec's nominal bus
+    bandwidths (status default), so a fit from traces alone still predicts many GPUs."""
+    if not (np.isfinite(hw.intra_busbw_gbps) and np.isfinite(hw.inter_busbw_gbps)):
+        return cal
+    base = default_calibration(hw)
+    missing = sorted({c.collective for c in base.collectives if not cal.curves_for(c.collective)})
+    if not missing:
+        return cal
+    extra = tuple(c for c in base.collectives if c.collective in missing)
+    notes.append(
+        f"no collective samples for {', '.join(missing)}: hardware spec '{hw.name}' bandwidths "
+        f"({hw.intra_busbw_gbps:.0f} GB/s intra-node, {hw.inter_busbw_gbps:.0f} GB/s inter-node bus bandwidth), "
+        "status default"
+    )
+    gpn = cal.gpus_per_node if cal.collectives else hw.gpus_per_node
+    return replace(cal, collectives=(*cal.collectives, *extra), gpus_per_node=gpn)
 
 
 def compute_slots(cal: Calibration) -> Param | None:
@@ -188,7 +209,9 @@ def build_system(
         )
     if is_default(cal):
         notes.append("the calibration's GEMM efficiency is a stated default (no fit)")
-    slots = compute_slots(cal)
+    cal = _fill_collectives(cal, hw, notes)
+    # a GPU runs one rank at full speed: compute slots (time-sharing) describe CPU hosts
+    slots = compute_slots(cal) if cal.device_model is None else None
     machine = System(cal, hw, compute_slots_per_node=slots.value if slots is not None else None)
     if machine.k2_covers_other_kernels:
         notes.append(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from calib.analytic import formulas as F
+from calib.analytic.interval import iter_interval
 from calib.analytic.specs import ModelSpec
 from calib.analytic.strategy import Strategies, check_config
 from calib.analytic.timemodel import TIME_KEYS, System, evaluate
@@ -86,6 +87,13 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     df["mfu"] = r["mfu"]
     df = df.assign(**scaling(df))
     notes = [f"scaling relative to {gpus[0]} GPUs"]
+    band = iter_interval(model, system, st, df["iter_s"].to_numpy())
+    if band is not None:
+        df.insert(df.columns.get_loc("iter_s") + 1, "iter_s_lo", band[0])
+        df.insert(df.columns.get_loc("iter_s") + 2, "iter_s_hi", band[1])
+        if (df["comm_exposed_s"] > 0).any():
+            band[2].append("the interval does not hold the communication model's error")
+        notes.extend(band[2])
     if plan.global_batch is None:
         notes.append(
             f"weak scaling: global batch = micro-batch {plan.micro_batch} x DP (one micro-batch per GPU)"

@@ -285,5 +285,9 @@ def hardware_for_device(device: str | None, gpus_per_node: int | None = None) ->
         for h in _hardware_presets()[0].values()
         if want == key(h.device) or want in key(h.device) or key(h.device) in want
     ]
+    if not found:  # the name torch reports ("NVIDIA H100 80GB HBM3") against the preset's
+        from calib.core.devices import same_chip
+
+        found = [h for h in _hardware_presets()[0].values() if same_chip(device, h.device)]
     same_node = [h for h in found if gpus_per_node is None or h.gpus_per_node == gpus_per_node]
     return (same_node or found or [None])[0]

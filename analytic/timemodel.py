@@ -124,8 +124,10 @@ def _same_device(a: str | None, b: str | None) -> bool:
     def key(text: str | None) -> str:
         return "".join(ch for ch in (text or "").lower() if ch.isalnum())
 
+    from calib.core.devices import same_chip
+
     ka, kb = key(a), key(b)
-    return bool(ka and kb) and (ka == kb or ka in kb or kb in ka)
+    return (bool(ka and kb) and (ka == kb or ka in kb or kb in ka)) or same_chip(a, b)
 
 
 def dispatch_split(cal: Calibration) -> float:
@@ -307,7 +309,7 @@ def evaluate(
         return {
             "iter_s": iter_s,
             "mem_total_bytes": mem["mem_total_bytes"],
-            "oom": mem["mem_total_bytes"] > hw.hbm_bytes,
+            "oom": mem["mem_total_bytes"] + mem.get("mem_reserve_bytes", 0.0) > hw.hbm_bytes,
         }
 
     # ---- breakdown (per iteration) -----------------------------------------------------
@@ -361,7 +363,7 @@ def evaluate(
         "comm_exposed_s": comm_exposed,
         "comm_overlapped_s": comm_total - comm_exposed,
         **mem,
-        "oom": mem["mem_total_bytes"] > hw.hbm_bytes,
+        "oom": mem["mem_total_bytes"] + mem.get("mem_reserve_bytes", 0.0) > hw.hbm_bytes,
         "microbatches": m,
         "tokens_per_s": B * s / iter_s,
         "model_tflops_per_gpu": model_fl / (iter_s * gpus) / 1e12,

@@ -234,6 +234,10 @@ class SystemModel:
     gpus_per_node_ = property(lambda self: self._fitted().gpus_per_node, doc="Devices per node.")
     compute_slots_ = property(lambda self: compute_slots(self._fitted()), doc="Compute slots per node.")
     notes_ = property(lambda self: self._fitted().notes, doc="What the fit decided, and why.")
+    device_model_ = property(
+        lambda self: self._fitted().device_model,
+        doc="The physical compute model fitted from GPU traces (terms with stderr; per-run checks in .runs).",
+    )
 
     def busbw(self, collective: str, n_gpus: int) -> Param:
         """The fitted large-message bus bandwidth (GB/s, with stderr) of ``collective`` at ``n_gpus``."""

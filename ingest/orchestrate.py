@@ -326,9 +326,15 @@ def unprofiled_steps(cfg: dict[str, Any]) -> dict[str, Any]:
         ]
         if after:
             meds.append(float(np.median(after)))
+    peak = cfg.get("peak_mem_bytes")
+    mem = (
+        {"peak_mem_bytes": int(peak)}
+        if isinstance(peak, int) and not isinstance(peak, bool) and peak > 0
+        else {}
+    )
     if not meds:
-        return {}
-    return {"step_s_unprofiled": max(meds), "steps_unprofiled": len(after)}
+        return mem
+    return {"step_s_unprofiled": max(meds), "steps_unprofiled": len(after), **mem}
 
 
 def assemble(

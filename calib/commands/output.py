@@ -67,6 +67,11 @@ def _sig(df: pd.DataFrame, cols: dict[str, str], digits: int = 4) -> pd.DataFram
 def predict_text(table: pd.DataFrame, header: list[str], notes: list[str]) -> str:
     lay = table[list(LAYOUT)].rename(columns=LAYOUT)
     time = _sig(table, TIME_COLUMNS)
+    if "iter_s_lo" in table:  # the 90 % prediction interval beside the point estimate
+        band = (
+            table["iter_s_lo"].map(lambda v: f"{v:.4g}") + ".." + table["iter_s_hi"].map(lambda v: f"{v:.4g}")
+        )
+        time.insert(1, "90% interval", band.to_numpy())
     mem = table[list(MEMORY_COLUMNS)].rename(columns=MEMORY_COLUMNS).round(1)
     mem["OOM"] = np.where(table["oom"], "OOM", "ok")
     rate = table[list(RATE_COLUMNS)].rename(columns=RATE_COLUMNS).copy()
@@ -154,6 +159,11 @@ def _search_view(table: pd.DataFrame) -> pd.DataFrame:
     view["tokens/s"] = view["tokens/s"].map(lambda v: f"{v:,.0f}")
     for c in ("iter s", "compute s", "comm s", "bubble s"):
         view[c] = view[c].map(lambda v: f"{v:.4g}")
+    if "iter_s_lo" in table:  # the 90 % prediction interval
+        band = (
+            table["iter_s_lo"].map(lambda v: f"{v:.4g}") + ".." + table["iter_s_hi"].map(lambda v: f"{v:.4g}")
+        )
+        view.insert(view.columns.get_loc("iter s") + 1, "90% interval", band.to_numpy())
     for c in ("TFLOP/s/GPU", "mem GB"):
         view[c] = view[c].round(1)
     return view

@@ -57,3 +57,33 @@ def flagged_classes(notes: tuple[str, ...] | list[str]) -> set[str]:
         if i >= 0:
             out.add(n[i + len(PHYSICS_WARNING) :].split(":", 1)[0].strip())
     return out
+
+
+_CHIP = re.compile(
+    r"\b(H100|H200|H20|A100|A800|H800|B200|B100|GB200|V100|MI300X|MI250X?|L40S?|A10G?)\b", re.I
+)
+_MEM = re.compile(r"(\d+)\s*GB", re.I)
+
+
+def device_key(name: str | None) -> tuple[str, str, str] | None:
+    """(chip, memory GB, form factor) of a device name, for matching the names torch reports
+    ("NVIDIA H100 80GB HBM3") with preset names ("NVIDIA H100-SXM5-80GB").  None when the
+    chip is not recognised."""
+    if not name:
+        return None
+    text = name.replace("-", " ").replace("_", " ")
+    m = _CHIP.search(text)
+    if m is None:
+        return None
+    mem = _MEM.search(text)
+    form = "pcie" if re.search(r"pcie|nvl\b", text, re.I) else "sxm"
+    return m.group(1).upper(), mem.group(1) if mem else "", form
+
+
+def same_chip(a: str | None, b: str | None) -> bool:
+    """Two device names describe the same accelerator (chip, form factor and, when both
+    state it, memory size)."""
+    ka, kb = device_key(a), device_key(b)
+    if ka is None or kb is None:
+        return False
+    return ka[0] == kb[0] and ka[2] == kb[2] and (not ka[1] or not kb[1] or ka[1] == kb[1])

@@ -293,12 +293,26 @@ class Capture:
             "files": {str(r): trace_name(r) for r in range(self._world)},
             "step_times_s": dict(step_times),
             "step_phases": [self._phase(i) for i in range(n)],
+            **_peak_memory(),
             "versions": versions(),
             "host": host_info(),
             "argv": list(sys.argv),
         }
         doc.update(self.extra)
         return doc
+
+
+def _peak_memory() -> dict[str, Any]:
+    """This rank's peak allocated device memory over the whole loop (what a memory
+    prediction is checked against), when torch runs on a CUDA device."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return {}
+        return {"peak_mem_bytes": int(torch.cuda.max_memory_allocated())}
+    except Exception:  # noqa: BLE001 - a measurement we cannot take is left out, never fatal
+        return {}
 
 
 def capture(out_dir: str | Path, **kwargs: Any) -> Capture:

@@ -21,6 +21,7 @@ size, run name), so a single trace file copied elsewhere still says where it cam
     files     {"<rank>": "<file name>"}
     step_times_s {"<rank>": [host seconds of each step, every step of the loop]},
     step_phases  [wait|warmup|active|after for each step],
+    peak_mem_bytes  rank 0's torch.cuda.max_memory_allocated() over the loop (GPU runs),
     versions  {python, torch, deepspeed, calib}, host {hostname, cpu, cpu_count,
     threads_per_rank}, generator {command, spec}, notes [...]
 
