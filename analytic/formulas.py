@@ -34,7 +34,7 @@ def recompute_code(name: str) -> int:
     try:
         return RECOMPUTE_NAMES.index(name.strip().lower())
     except ValueError:
-        raise InputError("--recompute", f"unknown recompute mode '{name}' (none, selective, full)") from None
+        raise InputError("recompute", f"unknown recompute mode '{name}' (none, selective, full)") from None
 
 
 # ---- parameters ----------------------------------------------------------------------
@@ -55,18 +55,37 @@ def params_total(
     return p
 
 
+def layer_matrix_params(d: ArrayLike, ffn: ArrayLike | None = None, kv_frac: ArrayLike = 1.0,
+                        mlp_mats: ArrayLike = 2.0) -> np.ndarray:  # fmt: skip
+    """Weights of one layer's matrices: attention (2 + 2 kv/a) d^2, MLP mlp_mats d ffn.
+
+    GPT (ffn = 4d, kv = a, two MLP matrices): 12 d^2.  Llama: SwiGLU's three matrices,
+    grouped-query attention with kv/a of the key/value heads.
+    """
+    d = np.asarray(d, dtype=float)
+    ffn = 4.0 * d if ffn is None else np.asarray(ffn, dtype=float)
+    return (2.0 + 2.0 * np.asarray(kv_frac, dtype=float)) * d * d + np.asarray(
+        mlp_mats, dtype=float
+    ) * d * ffn
+
+
 # ---- FLOPs ---------------------------------------------------------------------------
-def forward_flops_layer(b: ArrayLike, s: ArrayLike, d: ArrayLike) -> np.ndarray:
-    """Forward FLOPs of one layer for b sequences: 24 b s d^2 + 4 b s^2 d."""
+def forward_flops_layer(b: ArrayLike, s: ArrayLike, d: ArrayLike, ffn: ArrayLike | None = None,
+                        kv_frac: ArrayLike = 1.0, mlp_mats: ArrayLike = 2.0) -> np.ndarray:  # fmt: skip
+    """Forward FLOPs of one layer for b sequences: 2 b s (matrix params) + 4 b s^2 d.
+
+    GPT shape: 24 b s d^2 + 4 b s^2 d.
+    """
     b, s, d = (np.asarray(x, dtype=float) for x in (b, s, d))
-    return b * s * d * (24.0 * d + 4.0 * s)
+    return b * s * (2.0 * layer_matrix_params(d, ffn, kv_frac, mlp_mats) + 4.0 * s * d)
 
 
 def training_flops_layers(
-    b: ArrayLike, s: ArrayLike, d: ArrayLike, L: ArrayLike, recompute: ArrayLike = NONE
-) -> np.ndarray:
-    """Training FLOPs of the layers: b (72 s d^2 + 12 s^2 d) l, plus what recompute redoes."""
-    fwd = forward_flops_layer(b, s, d)
+    b: ArrayLike, s: ArrayLike, d: ArrayLike, L: ArrayLike, recompute: ArrayLike = NONE,
+    ffn: ArrayLike | None = None, kv_frac: ArrayLike = 1.0, mlp_mats: ArrayLike = 2.0,
+) -> np.ndarray:  # fmt: skip
+    """Training FLOPs of the layers: 3 x forward (GPT: b (72 s d^2 + 12 s^2 d) l), plus recompute."""
+    fwd = forward_flops_layer(b, s, d, ffn, kv_frac, mlp_mats)
     rc = np.asarray(recompute)
     b, s, d = (np.asarray(x, dtype=float) for x in (b, s, d))
     extra = np.where(rc == FULL, fwd, np.where(rc == SELECTIVE, 4.0 * b * s * s * d, 0.0))

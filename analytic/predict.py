@@ -3,7 +3,7 @@
 Scaling is reported against the smallest configuration g two ways:
 
 * ``speedup`` = tokens/s at n over tokens/s at g, and ``scaling_eff`` = speedup * g / n;
-* ``seed004_speedup``: seed 004's formula from g's time shares and the communication
+* ``speedup_comm_model``: seed 004's formula from g's time shares and the communication
   efficiency eff_{g->n} = t_comm(g) / t_comm(n):
   (tokens per iteration ratio) * (r_compute + r_comm) / (r_compute + r_comm / eff_{g->n}),
   which equals ``speedup`` whenever the per-GPU compute does not change with n (weak
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from calib.analytic import formulas as F
+from calib.analytic.interval import iter_interval
 from calib.analytic.specs import ModelSpec
 from calib.analytic.strategy import Strategies, check_config
 from calib.analytic.timemodel import TIME_KEYS, System, evaluate
@@ -52,7 +53,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     if not gpus:
         from calib.core.errors import InputError
 
-        raise InputError("--gpus", "give at least one GPU count")
+        raise InputError("gpus", "give at least one GPU count")
     gpus = sorted(set(gpus))
     dps, batches = [], []
     for n in gpus:
@@ -86,6 +87,13 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     df["mfu"] = r["mfu"]
     df = df.assign(**scaling(df))
     notes = [f"scaling relative to {gpus[0]} GPUs"]
+    band = iter_interval(model, system, st, df["iter_s"].to_numpy())
+    if band is not None:
+        df.insert(df.columns.get_loc("iter_s") + 1, "iter_s_lo", band[0])
+        df.insert(df.columns.get_loc("iter_s") + 2, "iter_s_hi", band[1])
+        if (df["comm_exposed_s"] > 0).any():
+            band[2].append("the interval does not hold the communication model's error")
+        notes.extend(band[2])
     if plan.global_batch is None:
         notes.append(
             f"weak scaling: global batch = micro-batch {plan.micro_batch} x DP (one micro-batch per GPU)"
@@ -113,4 +121,9 @@ def scaling(df: pd.DataFrame) -> dict[str, np.ndarray]:
     # the seed's formula holds compute fixed: defined only when the work per GPU is unchanged
     weak = np.isclose(batch / n, batch[0] / n[0])
     seed = np.where(weak, seed, np.nan)
-    return {"speedup": speedup, "scaling_eff": speedup * n[0] / n, "eff_comm": eff, "seed004_speedup": seed}
+    return {
+        "speedup": speedup,
+        "scaling_eff": speedup * n[0] / n,
+        "eff_comm": eff,
+        "speedup_comm_model": seed,
+    }

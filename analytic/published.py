@@ -64,7 +64,7 @@ def detect(df: pd.DataFrame) -> str:
 
 def adapt(name: str, df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
     if name not in _ADAPTERS:
-        raise InputError("--format", f"unknown table format '{name}' (known: {', '.join(FORMATS)})")
+        raise InputError("format", f"unknown table format '{name}' (known: {', '.join(FORMATS)})")
     missing = sorted(_SIGNATURES[name] - set(df.columns))
     if missing:
         raise InputError(where, f"not a '{name}' table: missing column(s) {', '.join(missing)}")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from calib.analytic.interval import iter_interval
 from calib.analytic.specs import ModelSpec
 from calib.analytic.strategy import Strategies
 from calib.analytic.timemodel import System, evaluate
@@ -224,4 +225,8 @@ def detail(
         r["dp_allreduce_exposed_s"] + r["dp_allgather_exposed_s"] + r["dp_reducescatter_exposed_s"]
     )
     df["mem_total_gb"] = r["mem_total_bytes"] / 1e9
+    band = iter_interval(model, system, st, df["iter_s"].to_numpy())
+    if band is not None:
+        df.insert(df.columns.get_loc("iter_s") + 1, "iter_s_lo", band[0])
+        df.insert(df.columns.get_loc("iter_s") + 2, "iter_s_hi", band[1])
     return df

@@ -23,9 +23,17 @@ MODELS_FILE = DATA_DIR / "models.yaml"
 HARDWARE_FILE = DATA_DIR / "hardware.yaml"
 
 
+MLP_KINDS = ("gelu", "swiglu")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """A GPT-style decoder: hidden d, layers l, heads a, sequence s, vocabulary V (MLP 4d)."""
+    """A decoder-only transformer: hidden d, layers l, heads a, sequence s, vocabulary V.
+
+    ``ffn``: MLP hidden size (default 4d); ``kv_heads``: key/value heads (grouped-query
+    attention; default a); ``mlp``: ``gelu`` (two matrices, GPT) or ``swiglu`` (gate, up
+    and down, Llama); ``tied_embeddings``: the LM head shares the embedding matrix.
+    """
 
     name: str
     d_model: int
@@ -36,18 +44,45 @@ class ModelSpec:
     global_batch: int | None = None
     source: str = ""
     note: str = ""
+    ffn: int | None = None
+    kv_heads: int | None = None
+    mlp: str = "gelu"
+    tied_embeddings: bool = True
 
     def __post_init__(self) -> None:
+        who = self.name or "model"
         for f in ("d_model", "n_layers", "n_heads", "seq_len", "vocab"):
             v = getattr(self, f)
             if not isinstance(v, (int,)) or isinstance(v, bool) or v < 1:
-                raise InputError(self.name or "model", f"{f} must be a positive integer, got {v!r}")
+                raise InputError(who, f"{f} must be a positive integer, got {v!r}")
+        for f in ("ffn", "kv_heads"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise InputError(who, f"{f} must be a positive integer, got {v!r}")
+        if self.kv_heads is not None and self.n_heads % self.kv_heads:
+            raise InputError(who, f"kv_heads {self.kv_heads} must divide n_heads {self.n_heads}")
+        if self.mlp not in MLP_KINDS:
+            raise InputError(who, f"mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
+        if not isinstance(self.tied_embeddings, bool):
+            raise InputError(who, f"tied_embeddings must be true or false, got {self.tied_embeddings!r}")
         if self.global_batch is not None and self.global_batch < 1:
-            raise InputError(self.name or "model", f"global_batch must be positive, got {self.global_batch}")
+            raise InputError(who, f"global_batch must be positive, got {self.global_batch}")
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn or 4 * self.d_model
+
+    @property
+    def kv_head_count(self) -> int:
+        return self.kv_heads or self.n_heads
 
     @property
     def label(self) -> str:
         return self.name or f"d{self.d_model}-l{self.n_layers}-a{self.n_heads}-s{self.seq_len}"
+
+    @property
+    def shape_extras(self) -> dict:
+        return {"ffn": self.ffn_size, "kv": self.kv_head_count, "mlp": self.mlp, "tied": self.tied_embeddings}
 
 
 @dataclass(frozen=True)
@@ -59,6 +94,11 @@ class ModelColumns:
     n_heads: np.ndarray
     seq_len: np.ndarray
     vocab: np.ndarray
+
+    @property
+    def shape_extras(self) -> dict:
+        return {"ffn": 4.0 * np.asarray(self.d_model, dtype=float), "kv": np.asarray(self.n_heads, dtype=float),
+                "mlp": "gelu", "tied": True}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -226,7 +266,7 @@ def load_model(name_or_file: str) -> ModelSpec:
         entry = _read_mapping(path)
         return _build(ModelSpec, path, entry.pop("name", path.stem), entry)
     raise InputError(
-        "--model", f"unknown model '{name_or_file}' (presets: {', '.join(presets)}; or a YAML/JSON file)"
+        "model", f"unknown model '{name_or_file}' (presets: {', '.join(presets)}; or a YAML/JSON file)"
     )
 
 
@@ -242,7 +282,7 @@ def load_hardware(name_or_file: str) -> HardwareSpec:
         entry = _read_mapping(path)
         return _build(HardwareSpec, path, entry.pop("name", path.stem), entry)
     raise InputError(
-        "--hardware",
+        "hardware",
         f"unknown hardware '{name_or_file}' (presets: {', '.join(presets)}; or a YAML/JSON file)",
     )
 
@@ -261,5 +301,9 @@ def hardware_for_device(device: str | None, gpus_per_node: int | None = None) ->
         for h in _hardware_presets()[0].values()
         if want == key(h.device) or want in key(h.device) or key(h.device) in want
     ]
+    if not found:  # the name torch reports ("NVIDIA H100 80GB HBM3") against the preset's
+        from calib.core.devices import same_chip
+
+        found = [h for h in _hardware_presets()[0].values() if same_chip(device, h.device)]
     same_node = [h for h in found if gpus_per_node is None or h.gpus_per_node == gpus_per_node]
     return (same_node or found or [None])[0]

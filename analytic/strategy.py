@@ -85,54 +85,54 @@ def check_config(
     """Validate one configuration; return its DP size.  Raise InputError naming the rule."""
     where = f"{gpus} GPUs"
     for name, v in (
-        ("--tp", tp),
-        ("--pp", pp),
-        ("--micro-batch", micro_batch),
-        ("--global-batch", global_batch),
-        ("--interleave", interleave),
-        ("--gpus", gpus),
+        ("tp", tp),
+        ("pp", pp),
+        ("micro_batch", micro_batch),
+        ("global_batch", global_batch),
+        ("interleave", interleave),
+        ("gpus", gpus),
     ):
         if v < 1:
             raise InputError(name, f"must be a positive integer, got {v}")
     if zero not in (0, 1, 2, 3):
-        raise InputError("--zero", f"ZeRO stage must be 0, 1, 2 or 3, got {zero}")
+        raise InputError("zero", f"ZeRO stage must be 0, 1, 2 or 3, got {zero}")
     if recompute not in range(len(RECOMPUTE_NAMES)):
-        raise InputError("--recompute", f"unknown recompute code {recompute}")
+        raise InputError("recompute", f"unknown recompute code {recompute}")
     if model.n_heads % tp:
         raise InputError(
-            "--tp", f"TP={tp} does not divide the {model.n_heads} attention heads of {model.label}"
+            "tp", f"TP={tp} does not divide the {model.n_heads} attention heads of {model.label}"
         )
     if gpus % (tp * pp):
-        raise InputError("--gpus", f"{gpus} GPUs are not divisible by TP x PP = {tp} x {pp} = {tp * pp}")
+        raise InputError("gpus", f"{gpus} GPUs are not divisible by TP x PP = {tp} x {pp} = {tp * pp}")
     if model.n_layers % pp:
-        raise InputError("--pp", f"PP={pp} does not divide the {model.n_layers} layers of {model.label}")
+        raise InputError("pp", f"PP={pp} does not divide the {model.n_layers} layers of {model.label}")
     dp = gpus // (tp * pp)
     if global_batch % (dp * micro_batch):
         raise InputError(
-            "--global-batch",
+            "global_batch",
             f"{where}: global batch {global_batch} is not divisible by DP x micro-batch = {dp} x {micro_batch} = {dp * micro_batch}",
         )
     m = global_batch // (dp * micro_batch)
     if interleave > 1:
         if pp == 1:
-            raise InputError("--interleave", "interleaving (virtual pipeline stages) needs PP > 1")
+            raise InputError("interleave", "interleaving (virtual pipeline stages) needs PP > 1")
         if (model.n_layers // pp) % interleave:
             raise InputError(
-                "--interleave",
+                "interleave",
                 f"v={interleave} does not divide the {model.n_layers // pp} layers per pipeline stage",
             )
         if m % pp:
             raise InputError(
-                "--interleave",
+                "interleave",
                 f"{where}: the interleaved schedule needs micro-batches ({m}) divisible by PP={pp}",
             )
     if zero >= 2 and pp > 1:
         raise InputError(
-            "--zero",
+            "zero",
             f"ZeRO-{zero} cannot be combined with pipeline parallelism (PP={pp}); DeepSpeed and Megatron support ZeRO-1 with PP",
         )
     if seq_parallel and tp == 1:
-        raise InputError("--seq-parallel", "sequence parallelism needs TP > 1")
+        raise InputError("seq_parallel", "sequence parallelism needs TP > 1")
     return dp
 
 

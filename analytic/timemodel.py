@@ -25,13 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+from calib.analytic import device_path as DP
 from calib.analytic import formulas as F
+from calib.analytic.bubble import pipeline_time_s
 from calib.analytic.comm import group_time_s, members_per_node
 from calib.analytic.memory import BYTES_GRAD, activations_bytes, memory_per_gpu
-from calib.analytic.pipeline import pipeline_time_s
 from calib.analytic.specs import HardwareSpec, ModelColumns, ModelSpec
 from calib.analytic.strategy import Strategies
+from calib.calibrate import device_step as D
 from calib.calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
+from calib.calibrate.device_model import DeviceModel
 
 from calib.core.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, SENDRECV
 
@@ -73,7 +76,20 @@ class System:
     compute_slots_per_node: float | None = None
 
     @property
+    def device_model(self) -> DeviceModel | None:
+        """The calibration's device model, moved to this hardware spec when it is another device."""
+        dm = self.cal.device_model
+        if dm is None or not dm.families:
+            return None
+        if _same_device(dm.device, self.hw.device):
+            return dm
+        return dm.on(self.hw.peak_tflops, self.hw.hbm_tbps)
+
+    @property
     def peak_flops(self) -> float:
+        dm = self.device_model
+        if dm is not None and dm.peak_tflops:
+            return float(dm.peak_tflops) * 1e12
         return float(self.cal.peak_tflops or self.hw.peak_tflops) * 1e12
 
     @property
@@ -104,6 +120,16 @@ class System:
         return np.maximum(1.0, on_node / self.slots_per_node)
 
 
+def _same_device(a: str | None, b: str | None) -> bool:
+    def key(text: str | None) -> str:
+        return "".join(ch for ch in (text or "").lower() if ch.isalnum())
+
+    from calib.core.devices import same_chip
+
+    ka, kb = key(a), key(b)
+    return (bool(ka and kb) and (ka == kb or ka in kb or kb in ka)) or same_chip(a, b)
+
+
 def dispatch_split(cal: Calibration) -> float:
     """Intra-op share of dispatch time, from the calibration's per-operator host costs."""
     intra = cal.dispatch.get("intra_op_s_per_op")
@@ -113,9 +139,23 @@ def dispatch_split(cal: Calibration) -> float:
     return intra.value / (intra.value + inter.value)
 
 
-def stage_params(d, L, s, V, t, p) -> np.ndarray:
-    """Parameters one GPU holds: its stage's layers plus the (tied) embedding, over TP."""
-    return ((L / p) * (12.0 * d * d + 13.0 * d) + (V + s) * d) / t
+def stage_params(d, L, s, V, t, p, ffn=None, kv_frac=1.0, mlp_mats=2.0, tied=True) -> np.ndarray:
+    """Parameters one GPU holds: its stage's layers plus the embedding (and an untied LM
+    head on a single stage), over TP."""
+    emb = V * d * np.where(np.asarray(tied, dtype=bool) | (np.asarray(p) > 1), 1.0, 2.0)
+    return ((L / p) * (F.layer_matrix_params(d, ffn, kv_frac, mlp_mats) + 13.0 * d) + emb + s * d) / t
+
+
+def shape_terms(model) -> tuple[np.ndarray, np.ndarray, float, bool]:
+    """(ffn, kv / a, MLP matrices, tied) of a model spec or per-row columns."""
+    ex = model.shape_extras
+    kv_frac = np.asarray(ex["kv"], dtype=float) / np.asarray(model.n_heads, dtype=float)
+    return (
+        np.asarray(ex["ffn"], dtype=float),
+        kv_frac,
+        3.0 if ex["mlp"] == "swiglu" else 2.0,
+        bool(ex["tied"]),
+    )
 
 
 def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) -> dict[str, np.ndarray]:
@@ -135,7 +175,7 @@ def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) 
     k_tp = members_per_node(t, 1, gpn)
     k_pp = members_per_node(2, t * dp, gpn)
     k_dp = members_per_node(dp, t, gpn)
-    grad_bytes = BYTES_GRAD * stage_params(d, L, s, V, t, p)
+    grad_bytes = BYTES_GRAD * stage_params(d, L, s, V, t, p, *shape_terms(model))
     return {
         "tp_ar_s": group_time_s(cal, ALLREDUCE, act_bytes, t, k_tp),
         "tp_ag_s": group_time_s(cal, ALLGATHER, act_bytes, t, k_tp),
@@ -184,21 +224,33 @@ def evaluate(
     vec_passes = 0.0 if system.k2_covers_other_kernels else system.vector_passes
 
     # ---- compute, per layer and per micro-batch ----------------------------------------
-    f_fwd = F.forward_flops_layer(b, s, d) / t
-    f_train = F.training_flops_layers(b, s, d, 1.0, rc) / t
-    x = f_fwd / 6.0  # mean FLOPs of the six forward matmuls of a layer
-    eff, k1, k2 = cal.gemm_efficiency(x), cal.k1(x), cal.k2(x)
-    vec_bytes = F.vector_traffic_bytes_layer(b, s, d, a, t, sp, rc, st.flash_attention, vec_passes)
-    layer_tr = share * (f_train / (peak * eff) + vec_bytes / (hw.hbm_tbps * 1e12))
-    layer_kernel = layer_tr / k2
-    layer_compute = layer_kernel / k1
-
+    ffn, kv_frac, mats, tied = shape_terms(model)
+    f_fwd = F.forward_flops_layer(b, s, d, ffn, kv_frac, mats) / t
+    f_train = F.training_flops_layers(b, s, d, 1.0, rc, ffn, kv_frac, mats) / t
     f_head = F.lm_head_flops(b, s, d, V) / t
-    x_head = f_head / 3.0
-    eh, k1h, k2h = cal.gemm_efficiency(x_head), cal.k1(x_head), cal.k2(x_head)
-    head_tr = share * f_head / (peak * eh)
-    head_kernel = head_tr / k2h
-    head_compute = head_kernel / k1h
+    dm = system.device_model
+    if dm is not None:  # the physical device model fitted from GPU traces
+        fam, fam_note = dm.family(model.shape_extras["mlp"])
+        sh = DP.shape_of(model)
+        lt = DP.layer_terms(dm, fam, sh, b, t, sp, rc, st.flash_attention)
+        ht = DP.head_terms(dm, fam, sh, b, t)
+        layer_tr, layer_kernel = share * lt["transformer"], share * (lt["transformer"] + lt["stream"])
+        head_tr, head_kernel = share * ht["transformer"], share * (ht["transformer"] + ht["stream"])
+        layer_compute, head_compute = layer_kernel, head_kernel
+        eff = f_train / np.maximum(lt["transformer"], 1e-30) / peak
+    else:
+        x = f_fwd / 6.0  # mean FLOPs of the six forward matmuls of a layer
+        eff, k1, k2 = cal.gemm_efficiency(x), cal.k1(x), cal.k2(x)
+        vec_bytes = F.vector_traffic_bytes_layer(b, s, d, a, t, sp, rc, st.flash_attention, vec_passes)
+        layer_tr = share * (f_train / (peak * eff) + vec_bytes / (hw.hbm_tbps * 1e12))
+        layer_kernel = layer_tr / k2
+        layer_compute = layer_kernel / k1
+
+        x_head = f_head / 3.0
+        eh, k1h, k2h = cal.gemm_efficiency(x_head), cal.k1(x_head), cal.k2(x_head)
+        head_tr = share * f_head / (peak * eh)
+        head_kernel = head_tr / k2h
+        head_compute = head_kernel / k1h
 
     # ---- communication (layout-level arrays; cached across fits) -----------------------
     c = comm if comm is not None else comm_times(model, system, st)
@@ -212,7 +264,7 @@ def evaluate(
     pipeline, bubble = pipeline_time_s(stage_mb, head_compute, p, m, v)
 
     # ---- data parallel / ZeRO over the stage's parameter shard -------------------------
-    params_gpu = stage_params(d, L, s, V, t, p)
+    params_gpu = stage_params(d, L, s, V, t, p, ffn, kv_frac, mats, tied)
     ar, ag, rs3, rs2 = c["dp_ar_s"], c["dp_ag_s"], c["dp_rs_s"], c["dp_reduce_s"]
     z = st.zero
     n_ag_mb = np.where(full, 3.0, 2.0)  # ZeRO-3 gathers per micro-batch
@@ -235,17 +287,29 @@ def evaluate(
     optimizer = share * opt_params * ADAM_STEP_BYTES_PER_PARAM / (hw.hbm_tbps * 1e12)
     if system.k2_covers_other_kernels:
         optimizer = np.zeros_like(optimizer)
+    host = np.zeros_like(optimizer)
+    if dm is not None:
+        emb = V * d * np.where(tied | (p > 1), 1.0, 2.0) / t
+        optimizer = share * (
+            D.optimizer_s(dm, fam, opt_params) + D.step_fixed_s(dm, fam, params_gpu - emb, emb)
+        )
+        host = D.host_s(dm, fam, lps, m)
 
-    iter_s = (pipeline + optimizer) + dp_exposed
+    device_iter = (pipeline + optimizer) + dp_exposed
+    # the host issues every kernel: a step takes at least its issue time (device model only)
+    iter_s = D.step_s(device_iter, host, dm) if dm is not None else device_iter
 
     # ---- memory per GPU ----------------------------------------------------------------
-    acts = activations_bytes(b, s, d, a, L, V, t, p, m, v, rc, sp, st.flash_attention)
-    mem = memory_per_gpu(params_gpu, d, t, dp, z, acts, hw.runtime_reserve_gb * 1e9)
+    if dm is not None:
+        mem = DP.memory(dm, fam, sh, params_gpu, b, t, p, dp, z, m, v, rc, sp, hw.runtime_reserve_gb * 1e9)
+    else:
+        acts = activations_bytes(b, s, d, a, L, V, t, p, m, v, rc, sp, st.flash_attention)
+        mem = memory_per_gpu(params_gpu, d, t, dp, z, acts, hw.runtime_reserve_gb * 1e9)
     if lean:
         return {
             "iter_s": iter_s,
             "mem_total_bytes": mem["mem_total_bytes"],
-            "oom": mem["mem_total_bytes"] > hw.hbm_bytes,
+            "oom": mem["mem_total_bytes"] + mem.get("mem_reserve_bytes", 0.0) > hw.hbm_bytes,
         }
 
     # ---- breakdown (per iteration) -----------------------------------------------------
@@ -260,6 +324,8 @@ def evaluate(
     kernel_tr = m * (lps * layer_tr + head_tr)
     kernel_all = m * (lps * layer_kernel + head_kernel)
     compute_all = m * (lps * layer_compute + head_compute)
+    if dm is not None:  # device idle while the host issues: the step's gaps and any host excess
+        compute_all = compute_all + (iter_s - device_iter)
     dispatch = compute_all - kernel_all
     share = dispatch_split(cal)
     tp_total = m * lps * tp_layer
@@ -269,8 +335,12 @@ def evaluate(
 
     # ---- throughput --------------------------------------------------------------------
     gpus = t * p * dp
-    model_fl = B * (F.training_flops_layers(1.0, s, d, L) + F.lm_head_flops(1.0, s, d, V))
-    hw_fl = B * (F.training_flops_layers(1.0, s, d, L, rc) + F.lm_head_flops(1.0, s, d, V))
+    model_fl = B * (
+        F.training_flops_layers(1.0, s, d, L, F.NONE, ffn, kv_frac, mats) + F.lm_head_flops(1.0, s, d, V)
+    )
+    hw_fl = B * (
+        F.training_flops_layers(1.0, s, d, L, rc, ffn, kv_frac, mats) + F.lm_head_flops(1.0, s, d, V)
+    )
 
     return {
         "iter_s": iter_s,
@@ -293,7 +363,7 @@ def evaluate(
         "comm_exposed_s": comm_exposed,
         "comm_overlapped_s": comm_total - comm_exposed,
         **mem,
-        "oom": mem["mem_total_bytes"] > hw.hbm_bytes,
+        "oom": mem["mem_total_bytes"] + mem.get("mem_reserve_bytes", 0.0) > hw.hbm_bytes,
         "microbatches": m,
         "tokens_per_s": B * s / iter_s,
         "model_tflops_per_gpu": model_fl / (iter_s * gpus) / 1e12,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 from calib.analytic import formulas as F
-from calib.analytic.source import default_calibration
+from calib.analytic.machine import default_calibration
 from calib.analytic.specs import load_hardware
 from calib.analytic.strategy import Strategies, check_config, valid_mask
 from calib.analytic.timemodel import System, comm_times, evaluate
@@ -92,7 +92,7 @@ def systems_for(df: pd.DataFrame, base: System | None, where: str) -> dict[str, 
         return {h: base for h in df["hardware"].unique()}
     if (df["hardware"] == "").any():
         i = int(np.flatnonzero((df["hardware"] == "").to_numpy())[0])
-        raise InputError(where, f"row {i + 1}: no hardware column value; give --hardware or --system")
+        raise InputError(where, f"row {i + 1}: no hardware column value; give a hardware spec or a system")
     out = {}
     for h in df["hardware"].unique():
         hw = load_hardware(h)
@@ -189,7 +189,7 @@ def predict_rows(df: pd.DataFrame, systems: dict[str, System]) -> pd.DataFrame:
     return Table.of(df).rows(systems)
 
 
-def select_rows(df: pd.DataFrame, spec: str, where: str = "--calibrate-on") -> np.ndarray:
+def select_rows(df: pd.DataFrame, spec: str, where: str = "calibrate_on") -> np.ndarray:
     """Mask of rows named by 1-based numbers, ranges (3-5), labels or group tags, comma separated."""
     mask = np.zeros(len(df), dtype=bool)
     for tok in filter(None, (t.strip() for t in spec.split(","))):
@@ -256,7 +256,7 @@ def fit(
     if kind == "none":
         return systems, {}
     if not rows.any():
-        raise InputError("--calibrate-on", "no calibration rows selected")
+        raise InputError("calibrate_on", "no calibration rows selected")
     sub = table.subset(rows)
     n_rows = int(rows.sum())
     names = FIT_PARAMS[kind]
@@ -316,9 +316,9 @@ def validate(
 ) -> Validation:
     """Run the model over a normalised table with the chosen split (see module docstring)."""
     if fit_kind not in FITS:
-        raise InputError("--fit", f"unknown fit '{fit_kind}' (known: {', '.join(FITS)})")
+        raise InputError("fit", f"unknown fit '{fit_kind}' (known: {', '.join(FITS)})")
     if sum(x is not None and x is not False for x in (calibrate_on, holdout, loo or None)) > 1:
-        raise InputError("--calibrate-on", "give at most one of --calibrate-on, --holdout, --loo")
+        raise InputError("calibrate_on", "give at most one of calibrate_on, holdout, loo")
     check_rows(df, where)
     systems = systems_for(df, base, where)
     table = Table.of(df)
@@ -349,7 +349,7 @@ def validate(
         split = f"calibrated on {int(cal_rows.sum())} stated row(s): {calibrate_on}"
     else:
         if not 0 < holdout < 1:
-            raise InputError("--holdout", f"fraction must be in (0, 1), got {holdout}")
+            raise InputError("holdout", f"fraction must be in (0, 1), got {holdout}")
         rng = np.random.default_rng(seed)
         n_hold = min(max(1, int(round(holdout * n))), n - 1)
         held = np.zeros(n, dtype=bool)
@@ -357,7 +357,7 @@ def validate(
         cal_rows = ~held
         split = f"random hold-out of {n_hold}/{n} rows (seed {seed})"
     if cal_rows.all():
-        raise InputError("--calibrate-on", "every row is a calibration row; nothing is held out")
+        raise InputError("calibrate_on", "every row is a calibration row; nothing is held out")
     fitted, prm = fit(table, systems, cal_rows, fit_kind)
     rows = table.rows(fitted).assign(role=np.where(cal_rows, "calibration", "held-out"))
     return Validation(rows, summarise(rows.loc[~cal_rows, "err_pct"]), prm, split)

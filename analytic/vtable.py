@@ -90,9 +90,7 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
         raise InputError(where, "the table has no rows")
     missing = [c for c in INT_REQUIRED if c not in df.columns]
     if missing:
-        raise InputError(
-            where, f"missing column(s) {', '.join(missing)} (see `calib validate --help` for the schema)"
-        )
+        raise InputError(where, f"missing column(s) {', '.join(missing)} (the schema is in docs/analytic.md)")
     out = df.copy()
     for col, default in DEFAULTS.items():
         if col not in out.columns:

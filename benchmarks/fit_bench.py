@@ -78,9 +78,11 @@ def main() -> None:
 
     from calib.calibrate.fit import fit_system
 
+    from calib.resolve import system_runs
+
     with tempfile.TemporaryDirectory() as tmp:
         write_run(run_dir(Path(tmp), "polaris", "polaris"), meta, tables)
-        t_fit = best_of(lambda: fit_system(Path(tmp), "polaris"), 3)
+        t_fit = best_of(lambda: fit_system(system_runs(Path(tmp), "polaris"), "polaris"), 3)
     print(f"full calib fit of the Polaris logs (6 curves + held-out refits + eff): {t_fit:.2f} s")
 
 

@@ -3,7 +3,7 @@
 Case ``single``: ``df_index_resolver`` (HTA's own test trace, 54 MB of JSON, V100 DDP).
 Each tool runs in a fresh subprocess (so peak RSS is its own), after its imports:
 
-* calib: ``ingest.pipeline.ingest`` (read, all tables: buckets, kernels, collectives,
+* calib: ``ingest.orchestrate.ingest`` (read, all tables: buckets, kernels, collectives,
   GEMMs, framework) + ``write_run`` (Parquet), i.e. ``calib ingest`` without printing;
 * HTA:   ``TraceAnalysis(trace_dir=...)`` (its loader) + ``get_temporal_breakdown()``.
 
@@ -31,7 +31,7 @@ _CALIB = textwrap.dedent(
     """
     import json, resource, sys, tempfile, time
     from pathlib import Path
-    from calib.ingest.pipeline import IngestOptions, ingest
+    from calib.ingest.orchestrate import IngestOptions, ingest
     from calib.core.rundir import write_run
     src, repeat = Path(sys.argv[1]), int(sys.argv[2])
     times = []

@@ -62,7 +62,7 @@ def run_ingest(trace: Path, out: Path, max_memory: str) -> tuple[float, float, s
 
 
 def parse_size(text: str) -> int:
-    from calib.ingest.memory import parse_size as _parse
+    from calib.ingest.budget import parse_size as _parse
 
     return _parse(text)
 

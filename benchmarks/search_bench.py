@@ -23,8 +23,8 @@ import statistics
 import time
 
 import numpy as np
+from calib.analytic.machine import default_calibration
 from calib.analytic.search import OPTION_AXES, layouts, option_mask, options, search
-from calib.analytic.source import default_calibration
 from calib.analytic.specs import load_hardware, load_model
 from calib.analytic.strategy import Strategies
 from calib.analytic.timemodel import System, evaluate

@@ -2,7 +2,8 @@
 
 Each command lives in ``calib/commands/<name>.py`` and is imported only when run, so
 ``calib --help`` stays fast and heavy dependencies (torch, HTA, dask) load only where
-needed.  Bad input anywhere becomes one line on stderr and exit code 2.
+needed.  Bad input anywhere becomes one line on stderr and exit code 2; errors that name
+a field (``gpus``) are shown with its option (``--gpus``, :mod:`calib.commands.flags`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,18 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(n for n in COMMANDS if _available(n))
+
+    def invoke(self, ctx: click.Context):
+        """Run the command; a stage's error naming a field comes out naming its option."""
+        try:
+            return super().invoke(ctx)
+        except InputError as exc:
+            from calib.commands.flags import as_cli
+
+            mapped = as_cli(exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         target = COMMANDS.get(cmd_name)
@@ -73,7 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="calib", standalone_mode=False)
     except InputError as exc:
-        click.echo(f"calib: {exc.line()}", err=True)
+        from calib.commands.flags import as_cli
+
+        click.echo(f"calib: {as_cli(exc).line()}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("calib: aborted", err=True)

@@ -44,6 +44,7 @@ from calib.calibrate.curves import (  # noqa: F401 - re-exported: the contract's
     register_form,
     scaling_form,
 )
+from calib.calibrate.device_model import DeviceModel
 from calib.calibrate.params import (  # noqa: F401 - re-exported
     DEFAULT,
     FITTED,
@@ -56,6 +57,7 @@ from calib.calibrate.params import (  # noqa: F401 - re-exported
 )
 from numpy.typing import ArrayLike
 
+from calib.core.atomic import write_text
 from calib.core.collective_names import (
     ALLGATHER,
     ALLREDUCE,
@@ -99,6 +101,9 @@ class Calibration:
     k1_curve: Saturating | None = None
     k2_curve: Saturating | None = None
     dispatch: Mapping[str, Param] = field(default_factory=dict)  # intra_op_s_per_op, inter_op_s_per_op
+    #: the physical compute model of the traced device (GEMM roofline, attention, streamed
+    #: bytes, optimizer, host, memory), fitted from GPU traces; None without them
+    device_model: DeviceModel | None = None
     provenance: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     created: str = ""
@@ -315,23 +320,14 @@ class Calibration:
                 "k1_curve": curve("k1_curve"),
                 "k2_curve": curve("k2_curve"),
                 "dispatch": {k: Param.from_json(v) for k, v in d.get("dispatch", {}).items()},
+                "device_model": DeviceModel.from_json(d.get("device_model")),
                 "notes": tuple(d.get("notes", ())),
             }
         )
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (temporary file + rename): never a half-written calibration."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        text = json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n"
-        try:
-            tmp.write_text(text)
-            tmp.replace(path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return path
+        return write_text(path, json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:

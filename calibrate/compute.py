@@ -323,7 +323,7 @@ def _fit_gemm(
     if not peak_tflops:
         if runs:
             notes.append(
-                "GEMM efficiency needs the device's dense peak: pass --peak-tflops or run calib bench gemm"
+                "GEMM efficiency needs the device's dense peak: give peak_tflops or GEMM benchmark samples"
             )
         return None, None
     parts = []

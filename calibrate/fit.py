@@ -1,4 +1,4 @@
-"""``calib fit``: a system's runs and samples into one :class:`Calibration`.
+"""Fit a system: its runs and samples into one :class:`Calibration`.
 
 Network factors come from nccl-tests samples (:mod:`calibrate.collectives`,
 :mod:`calibrate.network`), compute factors from trace runs (:mod:`calibrate.compute`);
@@ -11,19 +11,22 @@ changes between two fits of the same store.
 from __future__ import annotations
 
 import platform
+from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import scipy
-from calib.calibrate import compute
+from calib.calibrate import compute, device_facts, device_fit
 from calib.calibrate.calibration import Calibration, Param, Saturating
 from calib.calibrate.collectives import fit_series, size_series
+from calib.calibrate.device_model import DeviceModel
 from calib.calibrate.netfit import fit_nccl
 from calib.calibrate.select import Selection, needs_text, select
 
+from calib.core.devices import limits_for
 from calib.core.errors import InputError
+from calib.core.rundir import Run
 
 
 def _version() -> str:
@@ -36,7 +39,7 @@ def _version() -> str:
 
 
 def fit_system(
-    store: Path,
+    runs: Sequence[Run],
     system: str,
     *,
     where: dict[str, tuple[str, ...]] | None = None,
@@ -46,10 +49,11 @@ def fit_system(
     topology: dict[str, float] | None = None,
     topology_note: str = "",
 ) -> Calibration:
-    """Fit every factor the stored data of ``system`` supports.
+    """Fit every factor the runs of ``system`` support (``where`` filters them, see
+    :mod:`calibrate.select`).
 
     ``peak_tflops``: the device's dense peak (the GEMM-efficiency denominator); without
-    it, the best sustained throughput of the system's ``calib bench gemm`` samples is
+    it, the best sustained throughput of the system's GEMM benchmark samples is
     used (stated as such in the notes).  ``gpus_per_node``: devices per node (on a CPU
     host: cores / threads per rank); default from the collective samples' rank lines.
     ``profiler_overhead``: profiled / unprofiled step time of the traced runs (from the
@@ -59,15 +63,15 @@ def fit_system(
     "global_taper"}) for the contention term of all-to-all and tree all-reduce at scale,
     ``topology_note`` where it comes from.
     """
-    sel = select(Path(store), system, where or {})
+    sel = select(runs, system, where or {})
     if sel.samples.empty and not sel.trace_runs:
         kinds = sorted({r.meta.kind for r in sel.runs})
         raise InputError(
-            f"--system {system}",
+            f"system {system}",
             f"its runs ({', '.join(kinds)}) hold neither nccl-tests samples nor "
             f"trace buckets. {needs_text(system)}",
         )
-    where_txt = f"--system {system}"
+    where_txt = f"system {system}"
     notes: list[str] = list(sel.notes)
     curves, networks, gpn, source = _network(sel, where_txt, notes, topology, topology_note)
     if gpus_per_node:
@@ -86,8 +90,8 @@ def fit_system(
         peak_info = compute.measured_peak(samples, dtype)
         peak_tflops = peak_info.tflops
         notes.append(
-            f"peak {peak_info.tflops:.4g} TFLOP/s = the best sustained matmul throughput measured by calib bench "
-            f"gemm ({peak_info.dtype} {peak_info.shape} on {peak_info.device}, best of {peak_info.samples} "
+            f"peak {peak_info.tflops:.4g} TFLOP/s = the best sustained matmul throughput measured by the GEMM "
+            f"benchmark ({peak_info.dtype} {peak_info.shape} on {peak_info.device}, best of {peak_info.samples} "
             "shapes), not a datasheet peak: GEMM efficiencies are fractions of it"
             + (f"; {peak_info.note}" if peak_info.note else "")
         )
@@ -129,7 +133,7 @@ def fit_system(
             else f"profiler overhead {profiler_overhead:.3g} <= 1 stated: no correction"
         )
     notes.extend(cf.notes)
-    no_traces = f"no trace runs for {system}: needs `calib ingest TRACE --system {system}`"
+    no_traces = f"no trace runs for {system}: needs profiler traces of system {system}"
     need_k = (
         f"{no_traces} (>= 2 model sizes, shapes recorded)"
         if not sel.trace_runs
@@ -140,8 +144,8 @@ def fit_system(
     gemm = cf.gemm_efficiency or _as_default(
         base.gemm_efficiency_curve,
         (
-            "GEMM efficiency needs traces with record_shapes (or calib bench gemm samples) and a peak "
-            "(--peak-tflops, or the benchmark's best)"
+            "GEMM efficiency needs traces with record_shapes (or GEMM benchmark samples) and a peak "
+            "(peak_tflops, or the benchmark's best)"
             if sel.trace_runs or len(samples)
             else no_traces
         ),
@@ -149,6 +153,7 @@ def fit_system(
     dispatch = dict(cf.dispatch) or {
         k: compute.default_note(v, f"{no_traces}; value is calib's default") for k, v in base.dispatch.items()
     }
+    device_model = _device_model(sel, samples, peak_info, profiler_overhead, notes)
     if not curves:
         notes.append(f"no nccl-tests samples: no collective curves. {needs_text(system)}")
     elif not any(c.n_nodes <= 1 for c in curves):
@@ -167,16 +172,39 @@ def fit_system(
         k1_curve=k1,
         k2_curve=k2,
         dispatch=dispatch,
+        device_model=device_model,
         provenance={
             **_provenance(sel, source, cf.points),
             **_node_provenance(slots, gpn, node_pts, slowdowns),
             **({"gemm_points": _records(cf.gemm_points)} if cf.gemm_points is not None else {}),
-            **({"peak": {**peak_info.__dict__, "source": "calib bench gemm"}} if peak_info else {}),
+            **({"peak": {**peak_info.__dict__, "source": "GEMM benchmark"}} if peak_info else {}),
         },
         notes=tuple(notes),
         created=base.created,
         calib_version=_version(),
     )
+
+
+def _device_model(sel: Selection, samples: pd.DataFrame, peak_info, profiler_overhead: float | None,
+                  notes: list[str]) -> DeviceModel | None:  # fmt: skip
+    """The physical compute model from the GPU trace runs that recorded shapes and a model."""
+    runs = [f for f in (device_facts.facts(r) for r in sel.trace_runs) if f is not None]
+    if not runs:
+        return None
+    device = _device(sel) or "gpu"
+    lim = limits_for(device)
+    if lim is not None:
+        peak, hbm, source = lim.bf16_tflops, lim.hbm_tbps, lim.source
+    elif peak_info is not None:
+        peak, hbm, source = peak_info.tflops, 0.0, "best GEMM benchmark throughput (no datasheet known)"
+    else:
+        peak, hbm, source = 0.0, 0.0, "no datasheet and no benchmark: rates are absolute"
+    stated = profiler_overhead - 1.0 if profiler_overhead else None
+    dm = device_fit.fit_device(runs, samples, device, peak, hbm, source, stated_overhead=stated)
+    dm = replace(dm, runs=device_fit.check_runs(dm, runs, samples, stated_overhead=stated))
+    notes.extend(dm.notes)
+    notes.append(device_fit.summary(dm))
+    return dm
 
 
 def _network(sel: Selection, where: str, notes: list[str], topology=None, topology_note: str = ""):
@@ -185,7 +213,7 @@ def _network(sel: Selection, where: str, notes: list[str], topology=None, topolo
     versions = sorted(set(sel.samples["nccl_version"].astype(str)) - {""})
     setups = sorted(set(sel.samples["setup"].tolist()))
     kinds = sorted(set(sel.samples["source"].astype(str))) if "source" in sel.samples else []
-    if kinds == ["calib-bench"]:  # calib bench collectives: no nccl-tests setups or versions
+    if kinds == ["calib-bench"]:  # calib's collective benchmark: no nccl-tests setups or versions
         source = "calib-bench"
     else:
         source = f"nccl-tests setup={','.join(map(str, setups))}" + (
@@ -203,7 +231,7 @@ def _network(sel: Selection, where: str, notes: list[str], topology=None, topolo
     return curves, networks, gpn, source
 
 
-#: provenance key of the node model (read by analytic.source): compute slots per node
+#: provenance key of the node model (read by analytic.machine): compute slots per node
 NODE_KEY = "node"
 
 

@@ -1,16 +1,15 @@
-"""What a fit sees: a system's runs from the store, narrowed by ``--where KEY=VALUE``.
+"""What a fit sees: a system's runs (read by the API layer), narrowed by ``where`` filters.
 
 Keys are the columns of the ``samples`` table (``setup``, ``nccl_version``,
 ``collective``, ``nnodes``, ``nranks``, ``gpus_per_node``, ``dtype``, ``source``,
-``file``) plus ``run`` (run name, applies to every run kind).  Several ``--where`` on one
-key, or a comma list, mean "any of"; different keys must all hold.
+``file``) plus ``run`` (run name, applies to every run kind).  Several ``KEY=VALUE`` items
+on one key, or a comma list, mean "any of"; different keys must all hold.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,7 +17,6 @@ import pandas as pd
 from calib.core.errors import InputError
 from calib.core.rundir import Run
 from calib.core.schema import KIND_TRACE, SAMPLES
-from calib.core.store import list_runs, system_dir
 
 RUN_KEY = "run"
 SAMPLE_KEYS = tuple(SAMPLES.names)
@@ -43,9 +41,9 @@ def parse_where(items: Sequence[str]) -> dict[str, tuple[str, ...]]:
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not key or not value:
-            raise InputError("--where", f"'{item}' is not KEY=VALUE (e.g. setup=5)")
+            raise InputError("where", f"'{item}' is not KEY=VALUE (e.g. setup=5)")
         if key != RUN_KEY and key not in SAMPLE_KEYS:
-            raise InputError("--where", f"unknown key '{key}' (known: {RUN_KEY}, {', '.join(SAMPLE_KEYS)})")
+            raise InputError("where", f"unknown key '{key}' (known: {RUN_KEY}, {', '.join(SAMPLE_KEYS)})")
         out.setdefault(key, []).extend(v.strip() for v in value.split(",") if v.strip())
     return {k: tuple(v) for k, v in out.items()}
 
@@ -57,25 +55,22 @@ def _match(col: pd.Series, key: str, values: tuple[str, ...]) -> pd.Series:
         try:
             nums = [float(v) for v in values]
         except ValueError:
-            raise InputError("--where", f"{key} takes numbers, got {', '.join(values)}") from None
+            raise InputError("where", f"{key} takes numbers, got {', '.join(values)}") from None
         return col.astype(float).isin(nums)
     return col.astype(str).isin(values)
 
 
-def select(store: Path, system: str, where: dict[str, tuple[str, ...]]) -> Selection:
-    """Load the system's runs and samples and apply ``where``; errors name what is missing."""
-    runs = list_runs(store, system)
+def select(runs: Sequence[Run], system: str, where: dict[str, tuple[str, ...]]) -> Selection:
+    """The system's runs and samples with ``where`` applied; errors name what is missing."""
+    runs = sorted(runs, key=lambda r: r.meta.name)
     if not runs:
-        raise InputError(
-            f"--system {system}",
-            f"no runs stored under {system_dir(store, system) / 'runs'}. " + needs_text(system),
-        )
+        raise InputError(f"system {system}", "no runs to fit. " + needs_text(system))
     names = set(where.get(RUN_KEY, ()))
     if names:
         unknown = sorted(names - {r.meta.name for r in runs})
         if unknown:
             raise InputError(
-                "--where",
+                "where",
                 f"run {', '.join(unknown)} not in system {system} "
                 f"(runs: {', '.join(r.meta.name for r in runs)})",
             )
@@ -90,13 +85,13 @@ def select(store: Path, system: str, where: dict[str, tuple[str, ...]]) -> Selec
             continue
         if samples.empty:
             raise InputError(
-                "--where", f"{key}={','.join(values)} filters samples, but system {system} has none"
+                "where", f"{key}={','.join(values)} filters samples, but system {system} has none"
             )
         keep = _match(samples[key], key, values)
         if not keep.any():
             seen = ", ".join(map(str, sorted(samples[key].dropna().unique().tolist())))
             raise InputError(
-                "--where",
+                "where",
                 f"{key}={','.join(values)} matches none of the {len(samples)} samples ({key} values: {seen})",
             )
         samples = samples[keep]
@@ -120,14 +115,14 @@ def select(store: Path, system: str, where: dict[str, tuple[str, ...]]) -> Selec
 def _one_setup(samples: pd.DataFrame, chosen: bool) -> tuple[pd.DataFrame, str]:
     """Environment setups (nccl-tests ``.dat.K``) differ up to 10x: never pool them.
 
-    Without ``--where setup=K`` the setup with the highest large-message bus bandwidth
+    Without a ``setup=K`` filter the setup with the highest large-message bus bandwidth
     (median over collectives and scales of the busbw at each log's largest size) is used.
     """
     if samples.empty or samples["setup"].nunique() <= 1:
         return samples, ""
     if chosen:
         raise InputError(
-            "--where",
+            "where",
             f"setup={','.join(map(str, sorted(samples['setup'].unique())))} selects several "
             "environment setups; their bandwidths differ up to 10x, fit one at a time",
         )
@@ -138,7 +133,7 @@ def _one_setup(samples: pd.DataFrame, chosen: bool) -> tuple[pd.DataFrame, str]:
     listing = ", ".join(f"{int(k)}: {v:.1f}" for k, v in score.items())
     note = (
         f"samples hold environment setups {sorted(score.index.tolist())}; used setup {best}, the highest "
-        f"median large-message busbw (GB/s by setup: {listing}); choose another with --where setup=K"
+        f"median large-message busbw (GB/s by setup: {listing}); choose another with the filter setup=K"
     )
     return samples[samples["setup"] == best], note
 
@@ -175,9 +170,8 @@ def _one_version(samples: pd.DataFrame, chosen: bool) -> tuple[pd.DataFrame, str
 def needs_text(system: str) -> str:
     """What data each factor needs, for errors and notes."""
     return (
-        "What each factor needs: collective curves -- nccl-tests logs (all_reduce_perf, all_gather_perf, ...; "
-        f"`calib ingest LOGS --system {system}`) with >= 3 message sizes; eff_{{g->n}} -- such logs at >= 2 node "
-        "counts; k1, k2 and dispatch costs -- profiler traces (`calib ingest TRACE --system "
-        f"{system}`), k1/k2 curves need >= 2 model sizes; GEMM efficiency -- traces recorded with record_shapes "
-        "and --peak-tflops."
+        "What each factor needs: collective curves -- nccl-tests logs (all_reduce_perf, all_gather_perf, ...) "
+        f"of system {system} with >= 3 message sizes; eff_{{g->n}} -- such logs at >= 2 node counts; k1, k2 and "
+        f"dispatch costs -- profiler traces of system {system}, k1/k2 curves need >= 2 model sizes; GEMM "
+        "efficiency -- traces recorded with record_shapes and the device's peak (peak_tflops)."
     )

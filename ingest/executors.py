@@ -1,4 +1,4 @@
-"""Run the per-rank ingest (:func:`ingest.pipeline.ingest_rank`) on many traces at once.
+"""Run the per-rank ingest (:func:`ingest.orchestrate.ingest_rank`) on many traces at once.
 
 ``ingest_rank`` is pure (file in, tables out), so how it is driven is a choice of
 executor, and every executor gives the same run:
@@ -29,7 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from calib.ingest.memory import MemoryBudget, default_budget
+from calib.ingest.budget import MemoryBudget, default_budget
 from calib.ingest.rules import DEFAULT_RULES, Rules
 
 from calib.core.errors import InputError
@@ -63,11 +63,11 @@ class ExecutorSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in EXECUTORS:
-            raise InputError("--executor", f"unknown executor '{self.kind}' (known: {', '.join(EXECUTORS)})")
+            raise InputError("executor", f"unknown executor '{self.kind}' (known: {', '.join(EXECUTORS)})")
         if self.jobs < 1:
-            raise InputError("--jobs", f"must be at least 1, got {self.jobs}")
+            raise InputError("jobs", f"must be at least 1, got {self.jobs}")
         if self.scheduler and self.kind != "dask":
-            raise InputError("--scheduler", "only applies with --executor dask")
+            raise InputError("scheduler", "only applies to the dask executor")
 
 
 @dataclass
@@ -89,9 +89,9 @@ def parse_jobs(text: str | int | None) -> int:
     try:
         n = int(text)
     except ValueError:
-        raise InputError("--jobs", f"expected a positive integer or 'auto', got '{text}'") from None
+        raise InputError("jobs", f"expected a positive integer or 'auto', got '{text}'") from None
     if n < 1:
-        raise InputError("--jobs", f"must be at least 1, got {n}")
+        raise InputError("jobs", f"must be at least 1, got {n}")
     return n
 
 
@@ -105,7 +105,7 @@ def cpu_count() -> int:
 
 def run_job(index: int, job: RankJob) -> _Outcome:
     """The worker side: ingest one rank.  Module-level so every executor can ship it."""
-    from calib.ingest.pipeline import ingest_rank
+    from calib.ingest.orchestrate import ingest_rank
 
     try:
         result = ingest_rank(job.path, job.rank_hint, job.rules, memory_budget_bytes=job.memory_budget_bytes)
@@ -161,7 +161,7 @@ def _mp_context() -> multiprocessing.context.BaseContext:
     if main_file is not None and not Path(main_file).is_file():
         return multiprocessing.get_context("fork")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["calib.ingest.pipeline", "calib.ingest.stream"])
+    ctx.set_forkserver_preload(["calib.ingest.orchestrate", "calib.ingest.stream"])
     return ctx
 
 
@@ -179,9 +179,9 @@ def _run_pool(jobs: Sequence[RankJob], workers: int, progress: Progress | None) 
                 except BrokenProcessPool:
                     # a worker was killed (the kernel's OOM killer, a signal): say so in one line
                     raise InputError(
-                        "--jobs",
+                        "jobs",
                         f"a worker process died while ingesting {jobs[futures.index(f)].path} "
-                        "(killed, or out of memory: give fewer --jobs or a smaller --max-memory)",
+                        "(killed, or out of memory: give fewer jobs or a smaller memory budget)",
                     ) from None
 
     try:
@@ -196,14 +196,14 @@ def _run_dask(jobs: Sequence[RankJob], spec: ExecutorSpec, progress: Progress | 
         from distributed.scheduler import KilledWorker
     except ImportError:
         raise InputError(
-            "--executor", "dask is not installed; install it with: pip install 'calib[dask]'"
+            "executor", "dask is not installed; install it with: pip install 'calib[dask]'"
         ) from None
     cluster = None
     if spec.scheduler:
         try:
             client = Client(spec.scheduler)  # waits distributed.comm.timeouts.connect (30 s)
         except (OSError, TimeoutError, ValueError) as exc:
-            raise InputError("--scheduler", f"cannot connect to {spec.scheduler}: {exc}") from None
+            raise InputError("scheduler", f"cannot connect to {spec.scheduler}: {exc}") from None
         per_task = _remote_budget(client, spec)
     else:
         budget = spec.memory or default_budget()
@@ -229,9 +229,9 @@ def _run_dask(jobs: Sequence[RankJob], spec: ExecutorSpec, progress: Progress | 
                     yield f.result()
                 except KilledWorker:
                     raise InputError(
-                        "--executor",
+                        "executor",
                         f"Dask workers kept dying while ingesting {jobs[index[f.key]].path} "
-                        "(out of memory?); give the workers more memory or a smaller --max-memory",
+                        "(out of memory?); give the workers more memory or a smaller memory budget",
                     ) from None
 
         try:

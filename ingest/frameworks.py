@@ -47,7 +47,7 @@ _OPTIMIZER = re.compile(r"^Optimizer\.step#|^optimizer$")
 
 
 def process_groups(dist_info: dict[str, Any]) -> tuple[ProcessGroup, ...]:
-    from calib.ingest.collectives import pg_role
+    from calib.ingest.collective_calls import pg_role
 
     out = []
     for pg in dist_info.get("pg_config") or []:
@@ -134,7 +134,7 @@ def detect(ev: Events, dist_info: dict[str, Any], groups: tuple[ProcessGroup, ..
             zero_stage=None,
             detected_from=(
                 *evidence,
-                "ZeRO stage 1 or 2: not distinguishable from the trace; state it with --zero-stage",
+                "ZeRO stage 1 or 2: not distinguishable from the trace; state it at ingest (zero_stage)",
             ),
         )
     if "ddp" in found:
@@ -143,7 +143,7 @@ def detect(ev: Events, dist_info: dict[str, Any], groups: tuple[ProcessGroup, ..
     if ag_opt and (ar_bwd or rs_bwd) and not ag_fwd:
         evidence.append(
             "gradient reduction in backward and parameter all-gather after the optimizer step: "
-            "ZeRO-1/2 (DeepSpeed or ZeroRedundancyOptimizer); state the stage with --zero-stage"
+            "ZeRO-1/2 (DeepSpeed or ZeroRedundancyOptimizer); state the stage at ingest (zero_stage)"
         )
         return Framework(name="zero", zero_stage=None, detected_from=tuple(evidence))
     if ag_fwd and ag_bwd and rs_bwd:

@@ -1,16 +1,19 @@
 """Matmul operators with their shapes and device time (record_shapes traces).
 
-These feed the GEMM-efficiency fit (achieved / peak FLOP/s against matmul size) and the
-"work per operator" axis of k1 and k2.  Only the innermost matmul ops are used
-(``aten::mm``/``addmm``/``bmm``/``baddbmm``); the composites that call them
-(``aten::linear``, ``aten::matmul``) would count the same FLOPs twice.
+These feed the GEMM model (achieved FLOP/s per shape) and the "work per operator" axis
+of k1 and k2.  Every device GEMM is counted exactly once: only matmul ops
+(``aten::mm``/``addmm``/``bmm``/``baddbmm``) that contain no other matmul op are kept.
+The composites that call them (``aten::linear``, ``aten::matmul``) are not matmul ops
+here, and a matmul nested in a matmul -- autocast re-dispatching ``aten::addmm`` into
+``aten::addmm``, as HF's Conv1D does under bf16 autocast -- keeps only the inner one,
+which launched the kernels.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from calib.ingest.collectives import _decode_many
+from calib.ingest.collective_calls import _decode_many
 from calib.ingest.events import Events
 from calib.ingest.timeline import Timeline
 
@@ -32,6 +35,9 @@ def compute(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
         return empty_table("gemms")
     mm_name = np.isin(ev.names, list(MATMUL_OPS))  # over unique names, then per op
     sel = np.flatnonzero(mm_name[ev.name[tl.ops]])
+    if len(sel) == 0:
+        return empty_table("gemms")
+    sel = sel[innermost(ev, tl.ops[sel])]
     if len(sel) == 0:
         return empty_table("gemms")
     ev_idx = tl.ops[sel]
@@ -83,6 +89,22 @@ def compute(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
         }
     )
     return df[ok].reset_index(drop=True)
+
+
+def innermost(ev: Events, idx: np.ndarray) -> np.ndarray:
+    """Mask of the ops in ``idx`` that contain no other op of ``idx`` (same thread).
+
+    Host ops nest properly, so an op contains another one of the set exactly when the
+    next one (by thread, then start) begins before it ends.
+    """
+    th, st, en = ev.thread[idx].astype(np.int64), ev.start[idx], ev.end[idx]
+    order = np.lexsort((-en, st, th))
+    th_o, st_o, en_o = th[order], st[order], en[order]
+    outer = np.zeros(len(idx), dtype=bool)
+    outer[:-1] = (th_o[1:] == th_o[:-1]) & (st_o[1:] < en_o[:-1])
+    keep = np.empty(len(idx), dtype=bool)
+    keep[order] = ~outer
+    return keep
 
 
 def _shape(x: object) -> bool:

@@ -30,15 +30,13 @@ calib's side of each quantity comes from calib's own machinery (timeline, classi
 rules, priority sweep, tables), evaluated over the span HTA uses (:func:`calib_totals`
 with ``span="hta"``), or from the per-iteration tables ``calib ingest`` publishes
 (``span="published"``).  Reproduce the table of ``docs/hta-crosscheck.md`` with
-``python -m ingest.hta_compare``.
+``python benchmarks/hta_compare.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -48,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from calib.ingest import buckets as _buckets
-from calib.ingest import collectives as _collectives
+from calib.ingest import collective_calls as _collectives
 from calib.ingest.events import ANNOTATION, OP, RUNTIME, Events, normalise, profiler_steps
 from calib.ingest.reader import read_trace
 from calib.ingest.rules import DEFAULT_RULES, Rules
@@ -246,7 +244,7 @@ def _published_iterations(buckets: pd.DataFrame) -> np.ndarray:
 
 def _calib_rank(path: Path, span: str, rules: Rules) -> list[tuple[str, str, float]]:
     if span == "published":
-        from calib.ingest.pipeline import ingest_rank
+        from calib.ingest.orchestrate import ingest_rank
 
         r = ingest_rank(path, rules=rules)
         b, k, c = (r.tables[t] for t in ("buckets", "kernels", "collectives"))
@@ -362,44 +360,3 @@ def markdown(table: pd.DataFrame, fixture: str) -> str:
             f"| {round(100 * r['rel_diff'], 3) + 0.0:+.3f} % |"
         )
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m ingest.hta_compare",
-        description="Compare calib's GPU totals with HTA's temporal and kernel breakdowns (µs).",
-    )
-    ap.add_argument("paths", nargs="+", help="trace files of one job (or directories of them)")
-    ap.add_argument("--name", help="fixture label for the table (default: first file's name)")
-    ap.add_argument(
-        "--span",
-        default="hta",
-        choices=("hta", "published"),
-        help="calib side: HTA's kernel set and span (default), or the published per-iteration tables",
-    )
-    ap.add_argument(
-        "--hta-ns-rounding",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="HTA's inward rounding of fractional-µs timestamps (HTA's default: on)",
-    )
-    ap.add_argument("--busy-only", action="store_true", help="only the window-independent quantities")
-    args = ap.parse_args(argv)
-    files: list[Path] = []
-    for p in map(Path, args.paths):
-        files += sorted(p.glob("*.json*")) if p.is_dir() else [p]
-    import logging
-
-    logging.getLogger("hta").setLevel(logging.ERROR)
-    table = compare(hta_totals(files, ns_rounding=args.hta_ns_rounding), calib_totals(files, span=args.span))
-    if args.busy_only:
-        table = table[table["quantity"].isin(BUSY_QUANTITIES)]
-    label = args.name or files[0].name.split(".")[0]
-    print("| fixture | rank | quantity | HTA (µs) | calib (µs) | calib − HTA |")
-    print("|---|---|---|---:|---:|---:|")
-    print(markdown(table, label))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -327,7 +327,9 @@ def ingest_nccl_tests(
         try:
             df, info = _parse(f)
             if not info.has_trailer:
-                raise InputError(f, "no '# Avg bus bandwidth' trailer after the last size: the log is cut off")
+                raise InputError(
+                    f, "no '# Avg bus bandwidth' trailer after the last size: the log is cut off"
+                )
             parsed.append((df, info))
             good.append(f)
         except InputError as exc:

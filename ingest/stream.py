@@ -24,9 +24,9 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from calib.ingest.budget import STREAMED_BYTES_PER_EVENT, human
 from calib.ingest.events import Events, normalise
 from calib.ingest.inflate import Inflated, prefetched
-from calib.ingest.memory import STREAMED_BYTES_PER_EVENT, human
 from calib.ingest.reader import (
     MAX_SPAN_US,
     Args,
@@ -114,7 +114,7 @@ class _Columns:
             raise InputError(
                 self.path,
                 f"even streamed, over {self.n_complete} complete events need more than the "
-                f"{human(self.budget)} memory budget of this worker; give more with --max-memory",
+                f"{human(self.budget)} memory budget of this worker; give it a larger memory budget",
             )
         p = self.parts
         p["ts"].append(raw.ts_us)

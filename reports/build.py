@@ -8,9 +8,7 @@ an earlier report at ``DIR`` is replaced only by a complete one.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,13 +17,13 @@ from calib.reports import html, markdown
 from calib.reports.document import Report, Section, Text
 from calib.reports.inputs import Inputs
 from calib.reports.predictions import Predictions
-from calib.reports.progress import Steps
 from calib.reports.spec import PredictSpec, default_spec
 
+from calib.core.atomic import DirExists, replacing_dir
 from calib.core.errors import InputError
 
 REPORT_FILE = "report.html"
-#: what a report directory holds; anything else in --out means it is not ours to replace
+#: what a report directory holds; anything else in the output directory means it is not ours to replace
 REPORT_ENTRIES = {REPORT_FILE, "report.md", "figures", "data"}
 
 
@@ -36,53 +34,6 @@ def _version() -> str:
         return version("calib")
     except Exception:  # noqa: BLE001 - metadata missing in a source checkout
         return ""
-
-
-def machine_for(inputs: Inputs, spec: PredictSpec | None, notes: list[str]):
-    """The analytic System to predict with, or None (then only validation can run)."""
-    from calib.analytic.source import resolve_system
-
-    hardware = spec.hardware if spec else None
-    if inputs.calibration_path is not None:
-        system, more = resolve_system(None, inputs.calibration_path, hardware, inputs.store)
-    elif hardware:
-        system, more = resolve_system(None, None, hardware, inputs.store)
-    else:
-        return None
-    notes.extend(more)
-    return system
-
-
-def predictions(inputs: Inputs, spec: PredictSpec, steps: Steps) -> Predictions | None:
-    from calib.reports import predictions as P
-
-    notes: list[str] = []
-    steps.step("machine")
-    system = machine_for(inputs, spec, notes)
-    needs_machine = spec.scaling or spec.maps or spec.search
-    if system is None and needs_machine:
-        notes.append("no machine to predict with: give --system NAME (after `calib fit`), --calibration FILE, "
-                     "or a --predict spec with 'hardware: PRESET'")  # fmt: skip
-    scaling = maps = search = None
-    if system is not None:
-        steps.step("scaling")
-        scaling = P.scaling_table(system, spec.scaling, notes) if spec.scaling else None
-        steps.step("maps")
-        maps = P.maps(system, spec.maps) if spec.maps else None
-        steps.step("search")
-        search = P.run_search(system, spec.search) if spec.search else None
-    steps.step("validation")
-    vals = tuple(P.run_validation(spec, v) for v in spec.validate)
-    return Predictions(
-        machine=P.machine_label(system) if system else "-",
-        hbm_gb=system.hw.hbm_gb if system else None,
-        scaling=scaling,
-        scaling_spec=spec.scaling,
-        maps=maps,
-        search=search,
-        validations=vals,
-        notes=tuple(notes),
-    )
 
 
 def summary(inputs: Inputs, pred: Predictions | None) -> list[str]:
@@ -160,41 +111,44 @@ def summary(inputs: Inputs, pred: Predictions | None) -> list[str]:
     return out or ["Nothing to summarise: no runs, calibration or predictions."]
 
 
-def make_report(inputs: Inputs, spec: PredictSpec | None, title: str | None = None) -> Report:
+def make_report(
+    inputs: Inputs,
+    spec: PredictSpec | None,
+    pred: Predictions | None = None,
+    title: str | None = None,
+    step: Callable[[str], None] = lambda name: None,
+) -> Report:
+    """The report of ``inputs`` and the predictions computed for ``spec`` (``step`` marks progress)."""
     from calib.reports.sections import calibration_section, runs_section
     from calib.reports.sections_predict import scaling_section, strategy_section, validation_section
 
-    with Steps(8, "report") as steps:
-        steps.step("runs")
-        from calib.reports.sections import render_figure
-        from calib.reports.style import colour_key
+    step("runs")
+    from calib.reports.sections import render_figure
+    from calib.reports.style import colour_key
 
-        key_fig = render_figure("colour-key", "Colour key",
-                                "One colour per time bucket in every figure of this report.", colour_key())  # fmt: skip
-        sections: list[Section] = [Section("colour-key", "Colour key", (key_fig,))]
-        if inputs.runs or inputs.calibration is None:
-            sections.append(runs_section(list(inputs.runs), inputs.calibration))
-        steps.step("calibration")
-        max_gpus = max(spec.scaling.gpus) if spec and spec.scaling else 512
-        if inputs.calibration is not None or inputs.system:
+    key_fig = render_figure("colour-key", "Colour key",
+                            "One colour per time bucket in every figure of this report.", colour_key())  # fmt: skip
+    sections: list[Section] = [Section("colour-key", "Colour key", (key_fig,))]
+    if inputs.runs or inputs.calibration is None:
+        sections.append(runs_section(list(inputs.runs), inputs.calibration))
+    step("calibration")
+    max_gpus = max(spec.scaling.gpus) if spec and spec.scaling else 512
+    if inputs.calibration is not None or inputs.system:
+        sections.append(
+            calibration_section(inputs.calibration, inputs.series, inputs.calibration_path, (max_gpus,))
+        )
+    step("figures")
+    if pred is not None:
+        for s in (scaling_section(pred), strategy_section(pred), validation_section(pred)):
+            if s is not None:
+                sections.append(s)
+        if pred.notes:
             sections.append(
-                calibration_section(inputs.calibration, inputs.series, inputs.calibration_path, (max_gpus,))
+                Section("prediction-notes", "Prediction notes", tuple(Text(n, "note") for n in pred.notes))
             )
-        pred = predictions(inputs, spec, steps) if spec is not None and not spec.empty else None
-        steps.step("figures")
-        if pred is not None:
-            for s in (scaling_section(pred), strategy_section(pred), validation_section(pred)):
-                if s is not None:
-                    sections.append(s)
-            if pred.notes:
-                sections.append(
-                    Section(
-                        "prediction-notes", "Prediction notes", tuple(Text(n, "note") for n in pred.notes)
-                    )
-                )
-        elif spec is None or spec.empty:
-            sections.append(Section("predictions", "Predictions", (Text(
-                "Nothing to predict: no --predict spec and no calibration (give --system NAME or --predict SPEC).", "missing"),)))  # fmt: skip
+    elif spec is None or spec.empty:
+        sections.append(Section("predictions", "Predictions", (Text(
+            "Nothing to predict: no prediction spec and no calibration.", "missing"),)))  # fmt: skip
     name = title or ("calib report" + (f": {inputs.system}" if inputs.system else ""))
     meta = [
         (
@@ -218,44 +172,41 @@ def write_report(report: Report, out: Path) -> Path:
     given = out
     out = Path(out).resolve()
     if out.exists() and not out.is_dir():
-        raise InputError("--out", f"{given} exists and is not a directory")
+        raise InputError("out", f"{given} exists and is not a directory")
     if out.is_dir():
         names = {p.name for p in out.iterdir()}
         if names and (REPORT_FILE not in names or names - REPORT_ENTRIES):
             raise InputError(
-                "--out",
+                "out",
                 f"{given} is a non-empty directory that holds no calib report; refusing to replace it",
             )
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        with replacing_dir(out, replace=True, may_replace=_holds_report) as tmp:
+            (tmp / "figures").mkdir()
+            (tmp / "data").mkdir()
+            for f in report.figures():
+                (tmp / "figures" / f"{f.key}.png").write_bytes(f.png)
+                f.data.replace({np.inf: np.nan}).to_csv(tmp / "data" / f"{f.key}.csv", index=False)
+            (tmp / REPORT_FILE).write_text(html.render(report), encoding="utf-8")
+            (tmp / "report.md").write_text(markdown.render(report), encoding="utf-8")
+    except DirExists:
+        raise InputError(
+            "out", f"{given} changed while the report was written; refusing to replace it"
+        ) from None
     except OSError as exc:
-        raise InputError("--out", f"cannot write {out}: {exc.strerror or exc}") from None
-    try:
-        (tmp / "figures").mkdir()
-        (tmp / "data").mkdir()
-        for f in report.figures():
-            (tmp / "figures" / f"{f.key}.png").write_bytes(f.png)
-            f.data.replace({np.inf: np.nan}).to_csv(tmp / "data" / f"{f.key}.csv", index=False)
-        (tmp / REPORT_FILE).write_text(html.render(report), encoding="utf-8")
-        (tmp / "report.md").write_text(markdown.render(report), encoding="utf-8")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise InputError("--out", f"cannot write {out}: {exc.strerror or exc}") from None
-        raise
+        raise InputError("out", f"cannot write {out}: {exc.strerror or exc}") from None
     return out / REPORT_FILE
 
 
+def _holds_report(out: Path) -> bool:
+    """Replace only a directory that is empty or holds a calib report and nothing else."""
+    names = {p.name for p in out.iterdir()} if out.is_dir() else None
+    return names is not None and (not names or (REPORT_FILE in names and not names - REPORT_ENTRIES))
+
+
 def resolve_spec(text: str | None, inputs: Inputs) -> PredictSpec | None:
-    """``--predict`` as given; without it, the default spec when there is a calibration."""
+    """The prediction spec as given (a file, 'default' or 'none'); without one, the default
+    spec when there is a calibration."""
     from calib.reports.spec import load_spec
 
     spec = load_spec(text)

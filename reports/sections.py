@@ -26,7 +26,7 @@ def runs_section(runs: list[Run], cal: Calibration | None) -> Section:
         return Section(
             "runs",
             "Traced runs",
-            (Text("No runs were given (RUN arguments or --system with stored traces).", "missing"),),
+            (Text("No runs were given (run directories, or a system with stored traces).", "missing"),),
         )
     blocks.append(Table("Runs", fig_runs.overview(runs),
                         "Shares are of wall time summed over every rank and iteration. comm counts communication "
@@ -117,11 +117,7 @@ def calibration_section(cal: Calibration | None, series: tuple, path, model_gpus
         return Section(
             "calibration",
             "Calibration",
-            (
-                Text(
-                    "No calibration (give --system NAME after `calib fit`, or --calibration FILE).", "missing"
-                ),
-            ),
+            (Text("No calibration: fit the system first, or give a calibration file.", "missing"),),
         )
     blocks: list = [Text(f"System {cal.system}: {cal.gpus_per_node} GPUs per node, device {cal.device or 'unknown'}, "
                          f"peak {cal.peak_tflops or '-'} TFLOP/s (GEMM-efficiency denominator); file {path}.")]  # fmt: skip

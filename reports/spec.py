@@ -1,4 +1,4 @@
-"""What a report predicts: the ``--predict SPEC`` file (YAML or JSON) and its defaults.
+"""What a report predicts: the prediction spec file (YAML or JSON) and its defaults.
 
 A spec has up to five parts; each is optional and a missing part is simply not drawn::
 
@@ -25,8 +25,8 @@ A spec has up to five parts; each is optional and a missing part is simply not d
     validate:                   # predicted against measured, held-out rows only
       - {table: megatron_sc21_table1_weak_scaling.csv, calibrate_on: "1,4,7,10"}
 
-``--predict default`` (what ``--system NAME`` alone uses) is the block above plus the
-Korthikanti and Megatron-2020 tables; ``--predict none`` predicts nothing.  Table paths
+The spec ``default`` (what a report of a calibration alone uses) is the block above plus
+the Korthikanti and Megatron-2020 tables; ``none`` predicts nothing.  Table paths
 are taken relative to the spec file, then to the bundled ``fixtures/published/``.
 """
 
@@ -128,10 +128,10 @@ def load_spec(text: str | None) -> PredictSpec | None:
         raw_text = path.read_text()
     except FileNotFoundError:
         raise InputError(
-            "--predict", f"{text}: no such file (give a YAML/JSON spec, 'default' or 'none')"
+            "predict", f"{text}: no such file (give a YAML/JSON spec, 'default' or 'none')"
         ) from None
     except OSError as exc:
-        raise InputError("--predict", f"{text}: unreadable: {exc.strerror or exc}") from None
+        raise InputError("predict", f"{text}: unreadable: {exc.strerror or exc}") from None
     try:
         raw = json.loads(raw_text) if path.suffix.lower() == ".json" else yaml.safe_load(raw_text)
     except (ValueError, yaml.YAMLError) as exc:
@@ -236,6 +236,6 @@ def table_path(spec: PredictSpec, name: str) -> Path:
         if p.is_file():
             return p
     raise InputError(
-        "--predict",
+        "predict",
         f"validation table '{name}' not found (as given, next to the spec, or in {PUBLISHED})",
     )

@@ -26,7 +26,7 @@ ALL_TRACES = {**GPU_TRACES, **CPU_TRACES}
 @pytest.fixture(scope="session")
 def ingested():
     """ingest_rank results per fixture trace, computed once per session."""
-    from calib.ingest.pipeline import ingest_rank
+    from calib.ingest.orchestrate import ingest_rank
 
     cache: dict[str, object] = {}
 

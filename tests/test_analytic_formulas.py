@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from calib.analytic import formulas as F
+from calib.analytic.bubble import bubble_fraction, pipeline_time_s
 from calib.analytic.comm import members_per_node, volume_bytes
 from calib.analytic.memory import zero_states_bytes
-from calib.analytic.pipeline import bubble_fraction, pipeline_time_s
 from calib.analytic.specs import load_model
 
 from calib.core.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, busbw_factor

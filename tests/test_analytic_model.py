@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 from calib.analytic import formulas as F
 from calib.analytic.comm import group_time_s
+from calib.analytic.machine import default_calibration
 from calib.analytic.predict import Plan, predict
 from calib.analytic.search import Space, search
-from calib.analytic.source import default_calibration, resolve_system
 from calib.analytic.specs import load_hardware, load_model
 from calib.analytic.strategy import Strategies
 from calib.analytic.timemodel import TIME_KEYS, System, evaluate
 
 from calib.core.collective_names import ALLGATHER, ALLREDUCE
+from calib.resolve import resolve_system
 
 ROOT = Path(__file__).parents[1]
 
@@ -78,19 +79,19 @@ def test_oom_is_reported_not_raised():
     assert any("OOM" in n for n in pred.notes)
 
 
-def test_seed004_speedup_formula_equals_throughput_speedup_for_weak_scaling():
+def test_speedup_comm_model_formula_equals_throughput_speedup_for_weak_scaling():
     # plain DP: per-GPU compute (and optimizer step) fixed, only communication changes
     pred = predict(load_model("gpt-13b"), system("polaris"), [8, 16, 64, 512], Plan(zero=0))
     t = pred.table
-    assert np.allclose(t["seed004_speedup"], t["speedup"], rtol=1e-9)
+    assert np.allclose(t["speedup_comm_model"], t["speedup"], rtol=1e-9)
     assert t["scaling_eff"].iloc[0] == 1.0 and (t["scaling_eff"].iloc[1:] < 1).all()
     # ZeRO-1 shards the optimizer step as DP grows, so the seed's fixed-compute formula
     # is close but no longer exact
     z1 = predict(load_model("gpt-13b"), system("polaris"), [8, 512], Plan(zero=1)).table
-    assert z1["seed004_speedup"].iloc[1] == pytest.approx(z1["speedup"].iloc[1], rel=0.02)
-    assert z1["seed004_speedup"].iloc[1] != pytest.approx(z1["speedup"].iloc[1], rel=1e-6)
+    assert z1["speedup_comm_model"].iloc[1] == pytest.approx(z1["speedup"].iloc[1], rel=0.02)
+    assert z1["speedup_comm_model"].iloc[1] != pytest.approx(z1["speedup"].iloc[1], rel=1e-6)
     fixed = predict(load_model("gpt-13b"), system("polaris"), [8, 16], Plan(zero=1, global_batch=64)).table
-    assert np.isnan(fixed["seed004_speedup"].iloc[1])  # compute per GPU changed: formula not applicable
+    assert np.isnan(fixed["speedup_comm_model"].iloc[1])  # compute per GPU changed: formula not applicable
 
 
 def test_mfu_and_throughput_are_consistent():

@@ -201,7 +201,7 @@ def test_gemm_model_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         (["bench", "gemm", "--model", "d=64"], "calib: --model: needs at least d= and s="),
         (["bench", "gemm", "--model", "d=60,s=8,a=7"], "calib: --model: d=60, a=7, t=1: need d % a == 0"),
         (["bench", "gemm", "--device", "tpu"], "calib: --device: 'tpu' is not a torch device"),
-        (["bench", "gemm", "-n", "0"], "calib: --iters: need --warmup >= 0, --iters >= 1"),
+        (["bench", "gemm", "-n", "0"], "calib: --iters: need warmup >= 0, iters >= 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

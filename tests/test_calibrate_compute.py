@@ -9,10 +9,11 @@ import pytest
 from calib.calibrate.calibration import FITTED, Calibration
 from calib.calibrate.compute import level_efficiency, run_points, work_levels
 from calib.calibrate.fit import fit_system
-from calib.ingest.pipeline import IngestOptions, ingest
+from calib.ingest.orchestrate import IngestOptions, ingest
 
 from calib.core.rundir import write_run
 from calib.core.store import list_runs, run_dir
+from calib.resolve import system_runs
 from tests.conftest import FIXTURES
 
 GEN = FIXTURES / "traces" / "generated"
@@ -60,7 +61,7 @@ def test_k1_rises_with_work_per_operator(points):
 
 
 def test_fitted_curves(store, points):
-    cal = fit_system(store, "cpu-gloo")
+    cal = fit_system(system_runs(store, "cpu-gloo"), "cpu-gloo")
     k1 = cal.k1_curve
     assert k1.y_max.status == FITTED and k1.x_half.status == FITTED and k1.gamma.value == 1.0
     assert k1.y_max.stderr is not None and k1.x_half.stderr is not None
@@ -76,11 +77,11 @@ def test_fitted_curves(store, points):
         assert p.value == pytest.approx(np.median(points[key.replace("_op_s_per_op", "_per_op_s")]))
     # no peak given: GEMM efficiency stays a stated default, and says why
     assert cal.gemm_efficiency_curve.y_max.status == "default"
-    assert any("--peak-tflops" in n for n in cal.notes)
+    assert any("peak_tflops" in n for n in cal.notes)
 
 
 def test_gemm_efficiency_with_a_peak(store):
-    cal = fit_system(store, "cpu-gloo", peak_tflops=0.1)
+    cal = fit_system(system_runs(store, "cpu-gloo"), "cpu-gloo", peak_tflops=0.1)
     g = cal.gemm_efficiency_curve
     assert g.y_max.status == FITTED and g.quality.n_points >= 3
     back = Calibration.from_json(json.loads(json.dumps(cal.to_json())))

@@ -85,7 +85,7 @@ def test_capture_warns_when_the_loop_ends_before_the_window(tmp_path: Path) -> N
 
 
 def test_importing_calib_capture_does_not_import_torch() -> None:
-    code = "import sys, ingest, calib.capture; print('torch' in sys.modules)"
+    code = "import sys, calib.ingest, calib.capture; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -46,17 +46,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from calib.analytic.source import compute_slots, resolve_system
+from calib.analytic.machine import compute_slots
 from calib.analytic.specs import ModelSpec
 from calib.analytic.strategy import Strategies
 from calib.analytic.timemodel import evaluate
 from calib.calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
 from calib.calibrate.compute import fit_compute_slots, node_points, run_points
 from calib.calibrate.fit import fit_system
-from calib.ingest.pipeline import IngestOptions, ingest
+from calib.ingest.orchestrate import IngestOptions, ingest
 
 from calib.core.rundir import read_run, write_run
 from calib.core.store import list_runs, run_dir
+from calib.resolve import resolve_system, system_runs
 from tests.conftest import FIXTURES, ROOT
 
 sys.path.insert(0, str(ROOT / "fixtures"))
@@ -206,7 +207,7 @@ def cpu_calibration(committed_store: Path, tmp_path_factory) -> Path:
         catch_exceptions=False,
     )  # fmt: skip
     assert res.exit_code == 0, res.output
-    cal = fit_system(committed_store, "cpu-gloo", gpus_per_node=2)
+    cal = fit_system(system_runs(committed_store, "cpu-gloo"), "cpu-gloo", gpus_per_node=2)
     return cal.save(tmp_path_factory.mktemp("cal") / "cpu-gloo.calib.json")
 
 

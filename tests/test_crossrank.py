@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from calib.ingest import crossrank
-from calib.ingest.pipeline import IngestOptions, ingest
+from calib.ingest.orchestrate import IngestOptions, ingest
 
 from tests.conftest import CPU_TRACES, FIXTURES, HTA
 

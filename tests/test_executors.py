@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from calib.ingest.budget import MemoryBudget
 from calib.ingest.executors import ExecutorSpec, parse_jobs
-from calib.ingest.memory import MemoryBudget
-from calib.ingest.pipeline import IngestOptions, ingest
+from calib.ingest.orchestrate import IngestOptions, ingest
 
 from calib.cli import main
 from calib.core.errors import InputError

@@ -112,7 +112,7 @@ def test_system_with_only_unusable_runs_says_what_each_factor_needs(tmp_path):
     write_run(run_dir(tmp_path, "empty", "r"), RunMeta(name="r", kind="bench", system="empty"), {})
     with pytest.raises(InputError) as exc:
         invoke("fit", "--system", "empty", "--store", str(tmp_path))
-    for need in ("nccl-tests logs", ">= 2 node counts", "profiler traces", "--peak-tflops"):
+    for need in ("nccl-tests logs", ">= 2 node counts", "profiler traces", "peak_tflops"):
         assert need in exc.value.problem
     assert not calibration_path(tmp_path, "empty").exists()
 
@@ -165,7 +165,7 @@ def test_exit_code_and_single_line_through_the_console(store, tmp_path):
 
 def test_trace_runs_feed_dispatch_and_k1(tmp_path):
     """Real CPU traces of one model: dispatch per op is fitted, k1 is anchored but unidentifiable."""
-    from calib.ingest.pipeline import IngestOptions, ingest
+    from calib.ingest.orchestrate import IngestOptions, ingest
 
     for key in ("ws2_ddp_rank0", "ws2_fsdp_full_rank0"):
         meta, tables = ingest([CPU_TRACES[key]], IngestOptions(system="cpu", name=key))

@@ -418,7 +418,7 @@ def test_found_crashes_stay_fixed(case: str, streamed: bool) -> None:
 
 def test_streamed_cases_do_stream() -> None:
     """The 4 MiB budget of the streamed cases is below what the larger bases need in memory."""
-    from calib.ingest.memory import fits_in_memory
+    from calib.ingest.budget import fits_in_memory
 
     assert not fits_in_memory(BASES["gpu"], 4 << 20)
     assert not fits_in_memory(BASES["cpu_ddp"], 4 << 20)

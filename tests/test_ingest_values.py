@@ -173,7 +173,7 @@ def test_cpu_fixtures_are_all_cpu(ingested):
 
 def test_old_and_new_nccl_kernel_names_are_communication():
     """NCCL <= 2.8 names (ncclAllReduceRingLLKernel_sum_f32) count as comm, as in HTA."""
-    from calib.ingest.collectives import _OLD_KERNEL_RE
+    from calib.ingest.collective_calls import _OLD_KERNEL_RE
     from calib.ingest.rules import DEFAULT_RULES
 
     names = [
@@ -197,7 +197,7 @@ def test_backlog_from_unprofiled_step_is_noted(ingested):
 
 def test_generated_run_directory_with_sidecar(tmp_path):
     """A captured run directory ingests as a whole; run_config.json states what traces cannot."""
-    from calib.ingest.pipeline import IngestOptions, ingest
+    from calib.ingest.orchestrate import IngestOptions, ingest
 
     from tests.conftest import FIXTURES
 

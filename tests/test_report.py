@@ -45,8 +45,8 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 def ingest(paths, store: Path, system: str, name: str) -> Path:
-    from calib.ingest.pipeline import IngestOptions
-    from calib.ingest.pipeline import ingest as run_ingest
+    from calib.ingest.orchestrate import IngestOptions
+    from calib.ingest.orchestrate import ingest as run_ingest
 
     from calib.core.rundir import write_run
     from calib.core.store import run_dir
@@ -60,10 +60,11 @@ def store(tmp_path_factory) -> Path:
     from calib.calibrate.fit import fit_system
 
     from calib.core.store import calibration_path
+    from calib.resolve import system_runs
 
     st = tmp_path_factory.mktemp("store")
     ingest([FIXTURES / "nccl-tests"], st, "polaris", "polaris-nccl-tests")
-    fit_system(st, "polaris").save(calibration_path(st, "polaris"))
+    fit_system(system_runs(st, "polaris"), "polaris").save(calibration_path(st, "polaris"))
     ingest([CPU_TRACES["ws2_ddp_rank0"], CPU_TRACES["ws2_ddp_rank1"]], st, "cpu", "ddp-ws2")
     ingest([GPU_TRACES["nccl_data"]], st, "gpu", "nccl-a100")
     return st
@@ -169,9 +170,10 @@ def test_busbw_points_are_the_measured_samples(store: Path, report: Path) -> Non
 
 def test_prediction_data_equals_analytic(store: Path, report: Path) -> None:
     from calib.analytic.predict import Plan, predict
-    from calib.analytic.source import resolve_system
     from calib.analytic.specs import load_model
     from calib.reports import style as S
+
+    from calib.resolve import resolve_system
 
     system, _ = resolve_system("polaris", None, None, store)
     ref = predict(load_model("gpt-6.7b"), system, [8, 32, 128], Plan(zero=3)).table

@@ -14,9 +14,9 @@ import msgspec
 import numpy as np
 import pandas as pd
 import pytest
-from calib.ingest import memory
+from calib.ingest import budget as memory
 from calib.ingest.events import Events, normalise
-from calib.ingest.pipeline import ingest_rank
+from calib.ingest.orchestrate import ingest_rank
 from calib.ingest.reader import read_trace
 from calib.ingest.stream import read_streaming
 

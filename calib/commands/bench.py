@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
+from calib.commands.options import on_wait, replace_option, run_exists
 from calib.core.errors import InputError
 
 _STORE_HELP = "Store directory (default: $CALIB_STORE or ./calib-store)."
@@ -25,21 +27,43 @@ def bench() -> None:
     """
 
 
-def _store(store: str | None) -> Path:
+@dataclass(frozen=True)
+class _Dest:
+    """Where the results go: the store, and whether an existing run of the name is replaced."""
+
+    store: Path
+    replace: bool = False
+
+
+def _store(store: str | None, replace: bool = False) -> _Dest:
     from calib.core.store import default_store
 
-    return Path(store) if store else default_store()
+    return _Dest(Path(store) if store else default_store(), replace)
 
 
-def _target(store: Path, system: str | None, name: str) -> Path:
-    from calib.core.store import check_name, run_dir
+def _target(dest: _Dest, system: str | None, name: str) -> Path:
+    """Refuse a taken name before the benchmark runs (as ``calib ingest`` does)."""
+    from calib.core.rundir import RunExists
+    from calib.core.store import check_name, check_new_run
 
     if system is not None:
         check_name("system", system)
-    target = run_dir(store, system, name)
-    if target.exists():
-        raise InputError("--name", f"a run '{name}' already exists at {target}; choose another --name")
-    return target
+    try:
+        return check_new_run(dest.store, system, name, replace=dest.replace)
+    except RunExists as exc:
+        raise run_exists(exc.target) from None
+
+
+def _save(dest: _Dest, system: str | None, name: str, table: str, df, **meta) -> Path:  # noqa: ANN001
+    from calib.commands.bench_record import write_bench_run
+    from calib.core.rundir import RunExists
+
+    try:
+        return write_bench_run(
+            dest.store, system, name, table, df, replace=dest.replace, on_wait=on_wait, **meta
+        )
+    except RunExists as exc:
+        raise run_exists(exc.target) from None
 
 
 @bench.command("collectives")
@@ -77,6 +101,7 @@ def _target(store: Path, system: str | None, name: str) -> Path:
 @click.option("--system", default=None, help="System the samples belong to (default: unassigned).")
 @click.option("--name", default=None, help="Run name (default: coll-<backend>-n<N>-<host>-<time>).")
 @click.option("--store", default=None, help=_STORE_HELP)
+@replace_option
 def collectives(
     nproc: int | None,
     collectives: str,
@@ -91,6 +116,7 @@ def collectives(
     system: str | None,
     name: str | None,
     store: str | None,
+    replace: bool,
 ) -> None:
     """Collective bus bandwidth against message size (nccl-tests conventions).
 
@@ -123,7 +149,7 @@ def collectives(
     if backend not in ("auto", "nccl", "gloo"):
         raise InputError("--backend", f"'{backend}' is not nccl, gloo or auto")
     under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    store_dir = _store(store)
+    store_dir = _store(store, replace)
     if nproc is not None:
         if under_launcher:
             raise InputError(
@@ -155,14 +181,13 @@ def _notes(cfg, backend: str, n: int) -> list[str]:  # noqa: ANN001
     return notes
 
 
-def _finish(df, cfg, backend: str, n: int, system: str | None, name: str, store: Path, devices) -> None:  # noqa: ANN001
+def _finish(df, cfg, backend: str, n: int, system: str | None, name: str, store: _Dest, devices) -> None:  # noqa: ANN001
     from calib.core.schema import conform
     from calib.ingest.capture.bench_collectives import format_samples
-    from calib.ingest.capture.record import write_bench_run
 
     conform("samples", df)  # schema check before anything is written
     click.echo(format_samples(df))
-    path = write_bench_run(
+    path = _save(
         store,
         system,
         name,
@@ -176,10 +201,10 @@ def _finish(df, cfg, backend: str, n: int, system: str | None, name: str, store:
     click.echo(f"wrote {len(df)} samples to {path}")
 
 
-def _run_local(cfg, nproc: int, system: str | None, name: str | None, store: Path) -> None:  # noqa: ANN001
+def _run_local(cfg, nproc: int, system: str | None, name: str | None, store: _Dest) -> None:  # noqa: ANN001
+    from calib.commands.bench_record import default_name
     from calib.ingest.capture.bench_collectives import HEADER, bench_collectives_local
     from calib.ingest.capture.profile import host_info
-    from calib.ingest.capture.record import default_name
 
     name = name or default_name(f"coll-gloo-n{nproc}")
     _target(store, system, name)
@@ -193,12 +218,12 @@ def _run_local(cfg, nproc: int, system: str | None, name: str | None, store: Pat
     _finish(df, cfg, "gloo", nproc, system, name, store, (str(host_info()["cpu"]),))
 
 
-def _run_launched(cfg, backend: str, system: str | None, name: str | None, store: Path) -> None:  # noqa: ANN001
+def _run_launched(cfg, backend: str, system: str | None, name: str | None, store: _Dest) -> None:  # noqa: ANN001
     import torch
     import torch.distributed as dist
 
+    from calib.commands.bench_record import default_name
     from calib.ingest.capture.bench_collectives import HEADER, bench_device, print_row, run_collective_bench
-    from calib.ingest.capture.record import default_name
 
     created = not dist.is_initialized()
     if created:
@@ -255,6 +280,7 @@ def _run_launched(cfg, backend: str, system: str | None, name: str | None, store
 @click.option("--system", default=None, help="System the samples belong to (default: unassigned).")
 @click.option("--name", default=None, help="Run name (default: gemm-<device>-<host>-<time>).")
 @click.option("--store", default=None, help=_STORE_HELP)
+@replace_option
 def gemm(
     sizes: str | None,
     shapes: tuple[str, ...],
@@ -269,6 +295,7 @@ def gemm(
     system: str | None,
     name: str | None,
     store: str | None,
+    replace: bool,
 ) -> None:
     """Matmul throughput against shape and dtype: TFLOP/s = 2*m*n*k*batch / time / 1e12.
 
@@ -276,6 +303,7 @@ def gemm(
     device synchronisations; time is the median repeat's mean call (seconds).  The
     'spread' column is (slowest - fastest repeat) / median: large on a busy host.
     """
+    from calib.commands.bench_record import default_name
     from calib.core.schema import conform
     from calib.ingest.capture.bench_gemm import (
         HEADER,
@@ -288,7 +316,6 @@ def gemm(
         square_shapes,
         transformer_shapes,
     )
-    from calib.ingest.capture.record import default_name, write_bench_run
     from calib.ingest.capture.units import (
         parse_dtype,
         parse_kv_ints,
@@ -320,7 +347,7 @@ def gemm(
     cfg = GemmBenchConfig(
         shapes=shape_list, dtypes=dtypes, device=str(dev), warmup=warmup, iters=iters, repeats=repeats
     )
-    store_dir = _store(store)
+    store_dir = _store(store, replace)
     name = name or default_name(f"gemm-{dev.type}")
     _target(store_dir, system, name)
     import torch
@@ -334,7 +361,7 @@ def gemm(
         f"calib bench gemm: warmup {warmup}, iters {iters}, repeats {repeats} (median)",
         f"torch {torch.__version__}" + ("" if gpu else f", {torch.get_num_threads()} CPU threads"),
     ]
-    path = write_bench_run(
+    path = _save(
         store_dir,
         system,
         name,

@@ -39,7 +39,7 @@ def capture() -> None:
 )
 def recipe(framework: str) -> None:
     """Print the capture recipe for a framework (Python or shell you paste into your job)."""
-    from calib.ingest.capture.recipe import RECIPES
+    from calib.commands.capture_recipes import RECIPES
 
     if framework not in RECIPES:
         raise InputError("--framework", f"'{framework}' has no recipe (one of {', '.join(RECIPES)})")

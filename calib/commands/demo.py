@@ -31,7 +31,7 @@ Example:
     "--fixtures", type=click.Path(path_type=Path), help="Fixtures directory (default: the repository's)."
 )
 def demo(out_dir: Path, fixtures: Path | None):
-    from calib.reports.demo import FIXTURES, run_demo
+    from calib.demo_pipeline import FIXTURES, run_demo
 
     path = run_demo(out_dir, fixtures or FIXTURES, echo=click.echo)
     click.echo(f"report: {path.resolve()}")

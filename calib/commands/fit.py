@@ -81,6 +81,7 @@ def fit(
     """
     from calib.calibrate.fit import fit_system
     from calib.calibrate.select import parse_where
+    from calib.resolve import network_topology, system_runs
 
     check_name("system", system)
     if peak_tflops is not None and not peak_tflops > 0:
@@ -94,9 +95,9 @@ def fit(
         raise InputError(
             "--store", f"{store} does not exist (ingest runs first: calib ingest PATH --system {system})"
         )
-    topology, topology_note = _topology(system)
+    topology, topology_note = network_topology(system)
     cal = fit_system(
-        store,
+        system_runs(store, system),
         system,
         topology=topology,
         topology_note=topology_note,
@@ -118,18 +119,3 @@ def fit(
 
     click.echo(render(cal, brief=True))
     click.echo(f"\ncalibration written to {target}")
-
-
-def _topology(system: str) -> tuple[dict[str, float] | None, str]:
-    """The scale-out topology of the hardware preset named like the system, if there is one."""
-    from calib.analytic.specs import load_hardware
-
-    try:
-        hw = load_hardware(system)
-    except InputError:
-        return None, ""
-    if hw.topology == "none":
-        return None, ""
-    note = f"hardware spec '{hw.name}': {hw.topology}, {hw.nodes_per_group} nodes per group, global taper " \
-        f"{hw.global_taper:g}" + (f" ({hw.topology_note})" if hw.topology_note else "")  # fmt: skip
-    return hw.network_topology(), note

@@ -10,14 +10,15 @@ import click
 import numpy as np
 import pandas as pd
 
+from calib.commands.options import on_wait, replace_option, run_exists
 from calib.core.errors import InputError
-from calib.core.rundir import write_run
+from calib.core.rundir import RunExists, write_run
 from calib.core.schema import KIND_TRACE
-from calib.core.store import check_name, default_store, run_dir
+from calib.core.store import check_name, check_new_run, default_store, save_run
+from calib.ingest.budget import budget_from_option
 from calib.ingest.executors import EXECUTORS, ExecutorSpec, parse_jobs
-from calib.ingest.memory import budget_from_option
-from calib.ingest.pipeline import FRAMEWORKS, IngestOptions, summary_frames
-from calib.ingest.pipeline import ingest as run_ingest
+from calib.ingest.orchestrate import FRAMEWORKS, IngestOptions
+from calib.ingest.orchestrate import ingest as run_ingest
 from calib.ingest.rules import load_rules
 
 _MODEL_KEYS = {"d": int, "l": int, "a": int, "s": int, "V": int, "b": int, "name": str}
@@ -83,6 +84,7 @@ def _progress(it):
     type=click.Path(path_type=Path),
     help="JSON/YAML file of extra classification rules.",
 )
+@replace_option
 @click.option("--json", "as_json", is_flag=True, help="Print the run (metadata and tables) as JSON.")
 @click.option(
     "--jobs",
@@ -126,6 +128,7 @@ def ingest_cmd(
     zero_stage,
     model_spec,
     rules_file,
+    replace,
     as_json,
     jobs_text,
     executor,
@@ -142,6 +145,10 @@ def ingest_cmd(
     dispatch, inter-op dispatch and other (host waits); then the kernel-class shares of
     kernel time and the collectives (bytes in nccl-tests' size convention, algbw and busbw
     in GB/s with nccl-tests' bus factors).
+
+    A run name that is taken in the store (or an --out directory that holds a run) is
+    refused unless --replace is given; then the old run is replaced atomically, once the
+    new one is complete.  Concurrent ingests into one store are serialised by a lock.
     """
     if system:
         check_name("system", system)
@@ -163,12 +170,19 @@ def ingest_cmd(
         memory=budget_from_option(max_memory),
         memory_from_user=max_memory is not None,
     )
+    store = store or default_store()
+    if run_name and out_dir is None:
+        _refuse_taken(lambda: check_new_run(store, system, run_name, replace=replace), "--name")
     try:
         meta, tables = run_ingest(paths, options, progress=_progress, executor=spec)
     except InputError as exc:  # the stage names the field; the command line names the flag
         raise InputError(exc.where, exc.problem.replace("skip_bad", "--skip-bad")) from None
-    target = out_dir if out_dir is not None else run_dir(store or default_store(), meta.system, meta.name)
-    write_run(target, meta, tables)
+    if out_dir is not None:
+        target = _refuse_taken(lambda: write_run(out_dir, meta, tables, replace=replace), "--out")
+    else:
+        target = _refuse_taken(
+            lambda: save_run(store, meta, tables, replace=replace, on_wait=on_wait), "--name"
+        )
     if as_json:
         doc = {
             "run_dir": str(target),
@@ -185,6 +199,14 @@ def ingest_cmd(
 
 
 ingest = ingest_cmd  # the name calib.cli.COMMANDS resolves
+
+
+def _refuse_taken(write, option: str):
+    """Run ``write``; a taken run name becomes the one-line refusal naming ``option``."""
+    try:
+        return write()
+    except RunExists as exc:
+        raise run_exists(exc.target, option) from None
 
 
 def _print_trace_run(meta, tables) -> None:
@@ -262,3 +284,28 @@ def _fmt(v: float) -> str:
     if not np.isfinite(v):
         return "nan"
     return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+
+
+def summary_frames(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """Derived views for printing: bucket percentages, class shares, collective summary."""
+    b = tables["buckets"]
+    out: dict[str, pd.DataFrame] = {}
+    if not b.empty:
+        pct = b[["comm_s", "comm_exposed_s", "kernel_s", "memcpy_s", "intra_op_s", "inter_op_s", "other_s"]]
+        out["bucket_pct"] = (100.0 * pct.div(b["wall_s"].replace(0, np.nan), axis=0)).add_suffix("%")
+    k = tables["kernels"]
+    if not k.empty:
+        share = k.groupby(["rank", "kernel_class"], sort=False)["time_s"].sum().unstack(fill_value=0.0)
+        total = share.sum(axis=1).replace(0, np.nan)
+        out["class_pct"] = 100.0 * share.div(total, axis=0)
+    c = tables["collectives"]
+    if not c.empty:
+        keys = ["collective", "pg_name", "dtype", "bytes", "group_size"]
+        g = c.fillna({"pg_name": "-", "dtype": "-"}).groupby(keys, sort=True, dropna=False)
+        out["collective_summary"] = g.agg(
+            count=("dur_s", "size"),
+            mean_s=("dur_s", "mean"),
+            algbw_gbps=("algbw_gbps", "median"),
+            busbw_gbps=("busbw_gbps", "median"),
+        ).reset_index()
+    return out

@@ -4,148 +4,16 @@ from __future__ import annotations
 
 import click
 
+from calib.commands.options import (
+    MACHINE_HELP,
+    Choice,
+    Int,
+    machine_options,
+    model_options,
+    require,
+    resolve_model,
+)
 from calib.core.errors import InputError
-
-MACHINE_HELP = """\b
-Machine (one of):
-  --system NAME        the fitted calibration of NAME in the store (calib fit)
-  --calibration FILE   a calibration JSON file
-  --hardware SPEC      a hardware preset or YAML/JSON spec alone: every efficiency
-                       is a stated default (the output says so)
-  --system/--calibration with --hardware: transfer the fit to new hardware
-"""
-
-
-class Int(click.ParamType):
-    """An integer option whose bad values are one-line InputErrors (exit 2), not usage dumps."""
-
-    name = "integer"
-
-    def __init__(self, lo: int | None = None, hi: int | None = None) -> None:
-        self.lo, self.hi = lo, hi
-
-    def convert(self, value, param, ctx):
-        opt = f"--{param.name.replace('_', '-')}" if param else "option"
-        try:
-            v = int(value)
-        except (TypeError, ValueError):
-            raise InputError(opt, f"expected an integer, got '{value}'") from None
-        if (self.lo is not None and v < self.lo) or (self.hi is not None and v > self.hi):
-            rng = f"{self.lo}..{self.hi}" if self.hi is not None else f">= {self.lo}"
-            raise InputError(opt, f"must be {rng}, got {v}")
-        return v
-
-
-class Fraction(click.ParamType):
-    """A number strictly between 0 and 1, with one-line errors."""
-
-    name = "fraction"
-
-    def convert(self, value, param, ctx):
-        opt = f"--{param.name.replace('_', '-')}" if param else "option"
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            raise InputError(opt, f"expected a fraction like 0.3, got '{value}'") from None
-        if not 0 < v < 1:
-            raise InputError(opt, f"fraction must be in (0, 1), got {v}")
-        return v
-
-
-class Choice(click.ParamType):
-    """A choice option whose bad values are one-line InputErrors."""
-
-    name = "choice"
-
-    def __init__(self, choices: tuple[str, ...]) -> None:
-        self.choices = choices
-
-    def get_metavar(self, param, ctx=None) -> str:
-        return "[" + "|".join(self.choices) + "]"
-
-    def convert(self, value, param, ctx):
-        if value not in self.choices:
-            opt = f"--{param.name.replace('_', '-')}" if param else "option"
-            raise InputError(opt, f"'{value}' is not one of {', '.join(self.choices)}")
-        return value
-
-
-def require(value, option: str):
-    """Required options checked here, so a missing one is one line (click's own is a usage dump)."""
-    if value is None:
-        raise InputError(option, "is required (see --help)")
-    return value
-
-
-def machine_options(f):
-    """The options that say which machine to model (shared by predict, search, validate)."""
-    for opt in reversed(
-        [
-            click.option("--system", help="System name whose fitted calibration to use (see `calib fit`)."),
-            click.option("--calibration", metavar="FILE", help="Calibration JSON file."),
-            click.option(
-                "--hardware",
-                help="Hardware preset (polaris, perlmutter, tg40, tg80, dgx-a100-80gb/selene, dgx-h100, h200, "
-                "b200, mi300x, dgx-2) or a YAML/JSON spec file.",
-            ),
-            click.option(
-                "--store",
-                metavar="DIR",
-                help="Store directory (default ./calib-store or $CALIB_STORE).",
-            ),
-        ]
-    ):
-        f = opt(f)
-    return f
-
-
-def model_options(f):
-    """A model preset or its shape: --model NAME|FILE, or --d --l --a --s --V."""
-    for opt in reversed(
-        [
-            click.option(
-                "--model",
-                "model_name",
-                help="Model preset (e.g. gpt3-175b, megatron-1t, gpt-13b) or YAML/JSON file.",
-            ),
-            click.option(
-                "--d", "d_model", type=Int(1), help="Hidden size d (with --l --a --s; instead of --model)."
-            ),
-            click.option("--l", "n_layers", type=Int(1), help="Number of layers l."),
-            click.option("--a", "n_heads", type=Int(1), help="Attention heads a."),
-            click.option(
-                "--s", "seq_len", type=Int(1), help="Sequence length s (tokens); overrides the preset's."
-            ),
-            click.option(
-                "--V", "vocab", type=Int(1), help="Vocabulary size V (default 51200); overrides the preset's."
-            ),
-        ]
-    ):
-        f = opt(f)
-    return f
-
-
-def resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab):
-    from dataclasses import replace
-
-    from calib.analytic.specs import ModelSpec, load_model
-
-    shape = {"d_model": d_model, "n_layers": n_layers, "n_heads": n_heads}
-    if model_name:
-        given = [f"--{k[0] if k != 'd_model' else 'd'}" for k, v in shape.items() if v is not None]
-        if given:
-            raise InputError(
-                "--model", f"give either --model or the shape (--d --l --a), not both ({', '.join(given)})"
-            )
-        model = load_model(model_name)
-        over = {k: v for k, v in (("seq_len", seq_len), ("vocab", vocab)) if v is not None}
-        return replace(model, **over) if over else model
-    missing = [
-        f"--{n}" for n, v in (("d", d_model), ("l", n_layers), ("a", n_heads), ("s", seq_len)) if v is None
-    ]
-    if missing:
-        raise InputError("--model", f"give --model NAME or the model shape; missing {', '.join(missing)}")
-    return ModelSpec("", d_model, n_layers, n_heads, seq_len, vocab or 51200)
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -226,16 +94,16 @@ Example:
 )
 def predict(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus, zero,
             tp, pp, interleave, micro_batch, global_batch, recompute, seq_parallel, dp_overlap, flash_attention,
-            ranks_per_node, as_json, as_csv, out):  # fmt: skip
-    from calib.analytic import output
+            ranks_per_node, as_json, as_csv, out, **shape):  # fmt: skip
     from calib.analytic.formulas import recompute_code
     from calib.analytic.predict import Plan
     from calib.analytic.predict import predict as run_predict
-    from calib.analytic.source import resolve_system
+    from calib.commands import output
+    from calib.resolve import resolve_system
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")
-    model = resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab)
+    model = resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape)
     machine, notes = resolve_system(system, calibration, hardware, store, ranks_per_node=ranks_per_node)
     plan = Plan(tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, global_batch=global_batch,
                 recompute=recompute_code(recompute), seq_parallel=seq_parallel, interleave=interleave,

@@ -53,22 +53,25 @@ Examples:
 @click.option("--title", help="Report title.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Output directory (required).")
 def report(runs, system, calibration, predict_spec, store, title, out_dir):
-    from calib.core.store import default_store
+    from calib.report_data import predictions
     from calib.reports.build import make_report, resolve_spec, write_report
-    from calib.reports.inputs import gather
+    from calib.reports.progress import Steps
+    from calib.resolve import gather
 
     if out_dir is None:
         raise InputError("--out", "is required (the directory to write the report into)")
     if system and calibration:
         raise InputError("--calibration", "give either --system or --calibration, not both")
-    inputs = gather(tuple(runs), Path(store) if store else default_store(), system, calibration)
+    inputs = gather(tuple(runs), store, system, calibration)
     spec = resolve_spec(predict_spec, inputs)
     if not inputs.runs and inputs.calibration is None and (spec is None or spec.empty):
         raise InputError(
             "calib report",
             "nothing to report: give RUN directories, --system NAME (after `calib fit`) or --predict SPEC",
         )
-    path = write_report(make_report(inputs, spec, title), out_dir)
+    with Steps(8, "report") as steps:
+        pred = predictions(inputs, spec, steps.step) if spec is not None and not spec.empty else None
+        path = write_report(make_report(inputs, spec, pred, title, steps.step), out_dir)
     for note in inputs.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(f"report written to {path}")

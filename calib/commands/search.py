@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from calib.commands.predict import MACHINE_HELP, Int, machine_options, model_options, require, resolve_model
+from calib.commands.options import MACHINE_HELP, Int, machine_options, model_options, require, resolve_model
 from calib.core.errors import InputError
 
 
@@ -83,16 +83,16 @@ Examples:
 @click.option("--csv", "as_csv", is_flag=True, help="Print the ranked strategies as CSV.")
 @click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
 def search(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus,
-           global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, as_json, as_csv, out):  # fmt: skip
-    from calib.analytic import output
+           global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, as_json, as_csv, out, **shape):  # fmt: skip
     from calib.analytic.formulas import RECOMPUTE_NAMES
     from calib.analytic.search import Space
     from calib.analytic.search import search as run_search
-    from calib.analytic.source import resolve_system
+    from calib.commands import output
+    from calib.resolve import resolve_system
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")
-    model = resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab)
+    model = resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape)
     B = global_batch or model.global_batch
     if B is None:
         raise InputError(

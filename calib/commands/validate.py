@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from calib.commands.predict import Choice, Fraction, Int, machine_options, require
+from calib.commands.options import Choice, Fraction, Int, machine_options, require
 from calib.core.errors import InputError
 
 SCHEMA_HELP = """\b
@@ -45,6 +45,15 @@ Example:
 """,
 )
 @click.argument("table", required=False)
+@click.option(
+    "--runs",
+    "runs_system",
+    metavar="SYSTEM",
+    help="Instead of a table: the fitted device model of SYSTEM against each of its traced runs.",
+)
+@click.option(
+    "--measured", metavar="FILE", help="With --runs: measured step times / peak memory (measured_steps.json)."
+)
 @click.option("--format", "fmt", type=Choice(("auto", "canonical", "sc21", "korthikanti", "megatron2020", "mosaicml")),
               default="auto", show_default=True, help="Table format.")  # fmt: skip
 @click.option(
@@ -63,6 +72,8 @@ Example:
 @click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
 def validate(
     table,
+    runs_system,
+    measured,
     fmt,
     calibrate_on,
     holdout,
@@ -77,13 +88,15 @@ def validate(
     as_csv,
     out,
 ):
-    from calib.analytic import output
-    from calib.analytic.source import resolve_system
     from calib.analytic.validate import validate as run_validate
     from calib.analytic.vtable import read_table
+    from calib.commands import output
+    from calib.resolve import resolve_system
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")
+    if runs_system:
+        return _validate_runs(runs_system, measured, table, store, as_json, as_csv, out)
     df, name = read_table(require(table, "TABLE"), fmt)
     base = (
         resolve_system(system, calibration, hardware, store)[0]
@@ -105,6 +118,38 @@ def validate(
         text = res.rows.to_csv(index=False)
     else:
         text = output.validate_text(info, res.rows)
+    text = output.emit(text, out)
+    if text is not None:
+        click.echo(text, nl=False)
+
+
+def _validate_runs(system, measured, table, store, as_json, as_csv, out) -> None:
+    from calib.commands import output, validate_runs
+    from calib.resolve import resolve_system
+
+    if table:
+        raise InputError("--runs", "give either a TABLE or --runs SYSTEM")
+    cal = resolve_system(system, None, None, store)[0].cal
+    dm = cal.device_model
+    if dm is None or not dm.runs:
+        raise InputError(
+            "--runs", f"the calibration of {system} has no device model (fit it from GPU traces with shapes)"
+        )
+    df = validate_runs.table(dm, validate_runs.measured_file(measured))
+    s = validate_runs.summary(df)
+    notes = [n for n in dm.notes if "memory" in n] + [
+        "leave-one-run-out: every term refitted without the run, the run predicted by that fit; its interval "
+        "uses the other runs' leave-one-out errors only"
+    ]
+    if df["measured_mem_gb"].notna().any() and not any(r.get("measured_mem_gb") for r in dm.runs):
+        notes.append("the runs recorded no peak memory: the fit used the reference activation bytes "
+                     "(status default), so memory errors on the reference runs themselves are in-sample")  # fmt: skip
+    if as_json:
+        text = output.dumps({"system": system, "summary": s, "runs": output.records(df), "notes": notes})
+    elif as_csv:
+        text = df.to_csv(index=False)
+    else:
+        text = validate_runs.text(system, df, s, notes)
     text = output.emit(text, out)
     if text is not None:
         click.echo(text, nl=False)

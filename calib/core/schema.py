@@ -17,6 +17,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from calib.core.strict import reject_unknown
+
 SCHEMA_VERSION = 1
 RUN_FORMAT = "calib.run"
 
@@ -213,6 +215,35 @@ CROSSRANK = pa.schema(
     ]
 )
 
+#: GPU traces: device kernels grouped by what launched them and what it read
+#: (ingest.device_ops).  in_bytes = bytes of the launching op's tensor inputs, numel =
+#: elements of its largest input (0 when the trace has no shapes), lead = the product of
+#: that input's dimensions but the last (b s for an activation [b, s, w]).
+DEVICE_OPS = pa.schema(
+    [
+        ("rank", _i32),
+        ("iteration", _i64),
+        ("kernel_class", _str),
+        ("op", _str),  # launching host op ("" when unknown)
+        ("numel", _i64),
+        ("lead", _i64),
+        ("in_bytes", _i64),
+        ("count", _i64),
+        ("dur_s", _f64),
+    ]
+)
+
+#: GPU traces: how the host issued each iteration while profiled (ingest.device_ops).
+HOST_STEPS = pa.schema(
+    [
+        ("rank", _i32),
+        ("iteration", _i64),
+        ("n_host_ops", _i64),  # host operators started in the window, every nesting level
+        ("n_launches", _i64),  # kernel/memcpy launches (runtime calls) in the window
+        ("host_issue_s", _f64),  # window start to the last launch: the host's time to issue the step
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "buckets": BUCKETS,
     "kernels": KERNELS,
@@ -223,6 +254,8 @@ TABLES: dict[str, pa.Schema] = {
     "samples": SAMPLES,
     "gemm_samples": GEMM_SAMPLES,
     "crossrank": CROSSRANK,
+    "device_ops": DEVICE_OPS,
+    "host_steps": HOST_STEPS,
 }
 
 
@@ -294,7 +327,12 @@ class RunMeta:
     framework: Framework = field(default_factory=Framework)
     process_groups: tuple[ProcessGroup, ...] = ()
     parallel: Mapping[str, int] = field(default_factory=dict)  # tp, pp, dp when known
-    model: Mapping[str, Any] = field(default_factory=dict)  # d, l, a, s, V, b when given
+    model: Mapping[str, Any] = field(
+        default_factory=dict
+    )  # d, l, a, s, V, b (+ kv, ffn, precision, ...) when given
+    #: measurements made beside the trace (run_config.json): step_s_unprofiled (median host
+    #: seconds of the steps after the profiler window), steps_unprofiled (how many)
+    measured: Mapping[str, Any] = field(default_factory=dict)
     sources: tuple[SourceFile, ...] = ()
     tables: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # what ingest decided that a reader should know
@@ -306,18 +344,20 @@ class RunMeta:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> RunMeta:
+        """Strict: unknown keys, here or in a nested object, are a ValueError (calib.core.strict)."""
+        reject_unknown(d, cls, "run")
         d = dict(d)
-        d["framework"] = Framework(
-            **{
-                **d.get("framework", {}),
-                "detected_from": tuple(d.get("framework", {}).get("detected_from", ())),
-            }
-        )
+        fw = d.get("framework", {})
+        reject_unknown(fw, Framework, "framework")
+        d["framework"] = Framework(**{**fw, "detected_from": tuple(fw.get("detected_from", ()))})
+        for pg in d.get("process_groups", ()):
+            reject_unknown(pg, ProcessGroup, "process_groups")
         d["process_groups"] = tuple(
             ProcessGroup(**{**pg, "ranks": tuple(pg.get("ranks", ()))}) for pg in d.get("process_groups", ())
         )
+        for s in d.get("sources", ()):
+            reject_unknown(s, SourceFile, "sources")
         d["sources"] = tuple(SourceFile(**s) for s in d.get("sources", ()))
         for k in ("ranks", "devices", "tables", "notes"):
             d[k] = tuple(d.get(k, ()))
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in known})
+        return cls(**d)

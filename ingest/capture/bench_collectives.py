@@ -63,18 +63,18 @@ class CollectiveBenchConfig:
         bad = [c for c in self.collectives if c not in SUPPORTED]
         if bad or not self.collectives:
             raise InputError(
-                "--collectives", f"unsupported {bad or 'empty list'} (supported: {', '.join(SUPPORTED)})"
+                "collectives", f"unsupported {bad or 'empty list'} (supported: {', '.join(SUPPORTED)})"
             )
         if not 1 <= self.min_bytes <= self.max_bytes:
             raise InputError(
-                "--min-bytes", f"must be >= 1 and <= --max-bytes ({self.min_bytes} > {self.max_bytes})"
+                "min_bytes", f"must be >= 1 and <= max_bytes ({self.min_bytes} > {self.max_bytes})"
             )
         if self.step_factor <= 1.0:
-            raise InputError("--step-factor", f"must be > 1, got {self.step_factor}")
+            raise InputError("step_factor", f"must be > 1, got {self.step_factor}")
         if self.dtype not in DTYPES:
-            raise InputError("--dtype", f"unknown dtype '{self.dtype}' (one of {', '.join(DTYPES)})")
+            raise InputError("dtype", f"unknown dtype '{self.dtype}' (one of {', '.join(DTYPES)})")
         if self.warmup < 0 or self.iters < 1:
-            raise InputError("--iters", "need --warmup >= 0 and --iters >= 1")
+            raise InputError("iters", "need warmup >= 0 and iters >= 1")
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "collectives": list(self.collectives)}
@@ -224,7 +224,9 @@ def run_collective_bench(
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        raise InputError("process group", "none initialised: launch with torchrun, or use --nproc N")
+        raise InputError(
+            "process group", "none initialised: launch with torchrun, or spawn local ranks (nproc)"
+        )
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     backend = str(dist.get_backend(group))
     device = bench_device(backend)

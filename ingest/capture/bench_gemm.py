@@ -47,14 +47,14 @@ class GemmBenchConfig:
 
     def __post_init__(self) -> None:
         if not self.shapes:
-            raise InputError("--sizes", "no GEMM shapes to run")
+            raise InputError("sizes", "no GEMM shapes to run")
         bad = [d for d in self.dtypes if d not in DTYPES or d.startswith("int")]
         if bad or not self.dtypes:
             raise InputError(
-                "--dtype", f"unsupported {bad or 'empty list'} (float32, float16, bfloat16, float64)"
+                "dtype", f"unsupported {bad or 'empty list'} (float32, float16, bfloat16, float64)"
             )
         if self.warmup < 0 or self.iters < 1 or self.repeats < 1:
-            raise InputError("--iters", "need --warmup >= 0, --iters >= 1 and --repeats >= 1")
+            raise InputError("iters", "need warmup >= 0, iters >= 1 and repeats >= 1")
 
 
 def square_shapes(sizes: Sequence[int], batch: int = 1) -> tuple[GemmShape, ...]:
@@ -65,7 +65,7 @@ def transformer_shapes(d: int, s: int, b: int = 1, a: int = 1, t: int = 1) -> tu
     """The forward GEMMs of one GPT layer (Megatron layout, tensor-parallel degree ``t``):
     QKV, attention scores and context (batched over b*a/t heads), projection, MLP up/down."""
     if d % a or a % t or d % t:
-        raise InputError("--model", f"d={d}, a={a}, t={t}: need d % a == 0 and a % t == 0")
+        raise InputError("model", f"d={d}, a={a}, t={t}: need d % a == 0 and a % t == 0")
     bs, h = b * s, d // a
     return (
         GemmShape(bs, 3 * d // t, d, 1, "qkv"),
@@ -85,11 +85,11 @@ def resolve_device(device: str) -> Any:
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise InputError("--device", f"'{device}' is not a torch device (cpu, cuda, cuda:N)") from None
+        raise InputError("device", f"'{device}' is not a torch device (cpu, cuda, cuda:N)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device", "CUDA is not available on this machine")
+        raise InputError("device", "CUDA is not available on this machine")
     if dev.type not in ("cpu", "cuda"):
-        raise InputError("--device", f"'{device}': only cpu and cuda are supported")
+        raise InputError("device", f"'{device}': only cpu and cuda are supported")
     return dev
 
 

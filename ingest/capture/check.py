@@ -252,14 +252,14 @@ def _check_set(traces: list[TraceSummary], config: dict[str, Any] | None, add: A
             WARN,
             run_dir,
             "no system tag (neither a 'calib' trace metadata nor run_config.json): "
-            "give --system to calib ingest",
+            "state the system at ingest",
         )
     if config is None:
         add(
             WARN,
             run_dir,
             "no run_config.json: the model shape (d, l, a, s, V, b) is unknown to calib; "
-            "state it at ingest or write it with `calib capture collect`",
+            "state it at ingest or write run_config.json when collecting the traces",
         )
     elif not (config.get("model") or {}).get("d"):
         add(WARN, run_dir / RUN_CONFIG_NAME, "run_config.json has no model shape (d, l, a, s, V, b)")
@@ -274,7 +274,7 @@ def _check_trace(t: TraceSummary, add: Any) -> None:
             WARN,
             where,
             f"not named rank{t.rank}.pt.trace.json.gz (rank taken from {t.rank_from}); "
-            "`calib capture collect` renames",
+            "collecting the traces renames them",
         )
     if not t.steps:
         add(

@@ -11,7 +11,6 @@ result -- all into a temporary directory renamed into place at the end.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 from calib.ingest.capture.check import CheckReport, check_run, summarize, trace_files
 from calib.ingest.capture.runconfig import trace_name, write_run_config
 
+from calib.core.atomic import DirExists, replacing_dir
 from calib.core.errors import InputError
 
 
@@ -72,37 +72,34 @@ def collect(
     world = next(iter(worlds), None) or max(by_rank) + 1
     backend = next((s.backend for s in summaries if s.backend), None)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        tmp.chmod(0o755)  # mkdtemp makes it private
-        for rank, src in sorted(by_rank.items()):
-            dst = tmp / trace_name(rank)
-            if src.read_bytes()[:2] == b"\x1f\x8b":
-                shutil.copyfile(src, dst)
-            else:
-                _gzip(src, dst)
-        write_run_config(
-            tmp,
-            {
-                "name": name or out.name,
-                "system": system,
-                "created": datetime.now(UTC).isoformat(timespec="seconds"),
-                "world_size": world,
-                "backend": backend,
-                "framework": {"name": framework, "zero_stage": zero_stage, "sharding_strategy": None},
-                "parallel": dict(parallel or {}),
-                "model": dict(model or {}),
-                "files": {str(r): trace_name(r) for r in sorted(by_rank)},
-                "collected_from": {str(r): str(p) for r, p in sorted(by_rank.items())},
-            },
-        )
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        # an empty ``out`` (checked above) is replaced; anything else there meanwhile is not
+        with replacing_dir(
+            out, replace=True, may_replace=lambda t: t.is_dir() and not any(t.iterdir())
+        ) as tmp:
+            for rank, src in sorted(by_rank.items()):
+                dst = tmp / trace_name(rank)
+                if src.read_bytes()[:2] == b"\x1f\x8b":
+                    shutil.copyfile(src, dst)
+                else:
+                    _gzip(src, dst)
+            write_run_config(
+                tmp,
+                {
+                    "name": name or out.name,
+                    "system": system,
+                    "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "world_size": world,
+                    "backend": backend,
+                    "framework": {"name": framework, "zero_stage": zero_stage, "sharding_strategy": None},
+                    "parallel": dict(parallel or {}),
+                    "model": dict(model or {}),
+                    "files": {str(r): trace_name(r) for r in sorted(by_rank)},
+                    "collected_from": {str(r): str(p) for r, p in sorted(by_rank.items())},
+                },
+            )
+    except DirExists:
+        raise InputError(out, "exists and is not empty; collect into a new directory") from None
     return check_run(out)
 
 

@@ -49,6 +49,7 @@ from calib.ingest.capture.runconfig import (
     write_run_config,
 )
 
+from calib.core.atomic import replacing_file
 from calib.core.errors import InputError
 
 
@@ -223,12 +224,8 @@ class Capture:
         # the process group may have been created after the capture started
         self._rank, self._world, self._backend = _dist_rank_world()
         final = self.out_dir / trace_name(self._rank)
-        tmp = self.out_dir / f".tmp-{os.getpid()}-{final.name}"  # ends in .gz: torch gzips it
-        try:
+        with replacing_file(final, suffix=".json.gz") as tmp:  # ends in .gz: torch gzips it
             prof.export_chrome_trace(str(tmp))
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
         self.trace_path = final
 
     def step(self) -> None:
@@ -260,7 +257,7 @@ class Capture:
         complete = self.done
         if not complete:
             warnings.warn(
-                f"calib capture: the loop ran {len(self.step_times_s)} steps, fewer than the "
+                f"calib.capture: the loop ran {len(self.step_times_s)} steps, fewer than the "
                 f"{self.settings.window_steps} the window needs; the trace is partial or missing",
                 stacklevel=2,
             )
@@ -296,12 +293,26 @@ class Capture:
             "files": {str(r): trace_name(r) for r in range(self._world)},
             "step_times_s": dict(step_times),
             "step_phases": [self._phase(i) for i in range(n)],
+            **_peak_memory(),
             "versions": versions(),
             "host": host_info(),
             "argv": list(sys.argv),
         }
         doc.update(self.extra)
         return doc
+
+
+def _peak_memory() -> dict[str, Any]:
+    """This rank's peak allocated device memory over the whole loop (what a memory
+    prediction is checked against), when torch runs on a CUDA device."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return {}
+        return {"peak_mem_bytes": int(torch.cuda.max_memory_allocated())}
+    except Exception:  # noqa: BLE001 - a measurement we cannot take is left out, never fatal
+        return {}
 
 
 def capture(out_dir: str | Path, **kwargs: Any) -> Capture:

@@ -21,6 +21,7 @@ size, run name), so a single trace file copied elsewhere still says where it cam
     files     {"<rank>": "<file name>"}
     step_times_s {"<rank>": [host seconds of each step, every step of the loop]},
     step_phases  [wait|warmup|active|after for each step],
+    peak_mem_bytes  rank 0's torch.cuda.max_memory_allocated() over the loop (GPU runs),
     versions  {python, torch, deepspeed, calib}, host {hostname, cpu, cpu_count,
     threads_per_rank}, generator {command, spec}, notes [...]
 
@@ -30,13 +31,12 @@ Torch-free: ingest reads it with :func:`read_run_config`.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from calib.core.atomic import write_text
 from calib.core.errors import InputError
 
 RUN_CONFIG_NAME = "run_config.json"
@@ -60,28 +60,12 @@ def rank_of_name(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def atomic_write_text(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary sibling and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a run directory is shared data
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_run_config(run_dir: str | Path, config: Mapping[str, Any]) -> Path:
     """Write ``run_config.json`` into ``run_dir`` (atomically), stamping format and version."""
     if not isinstance(config.get("world_size"), int) or config["world_size"] < 1:
         raise ValueError("run_config needs an integer world_size >= 1")
     doc = {"format": RUN_CONFIG_FORMAT, "version": RUN_CONFIG_VERSION, **config}
-    return atomic_write_text(Path(run_dir) / RUN_CONFIG_NAME, json.dumps(doc, indent=2, default=str) + "\n")
+    return write_text(Path(run_dir) / RUN_CONFIG_NAME, json.dumps(doc, indent=2, default=str) + "\n")
 
 
 def read_run_config(run_dir: str | Path) -> dict[str, Any] | None:

@@ -1,9 +1,11 @@
-"""Where the machine description comes from: a fitted calibration, a hardware spec, or both.
+"""The machine to model, from a fitted calibration, a hardware spec, or both.
 
-* ``--system NAME`` / ``--calibration FILE``: the fitted calibration; the hardware spec
-  (HBM size and bandwidth for memory and the optimizer step) is the preset whose device
-  matches the calibration's, or ``--hardware``.
-* ``--hardware SPEC`` alone: ``Calibration.defaults`` from the spec; every efficiency is a
+:func:`build_system` is a pure function of the two (loading them by name, from the store
+or a file, is the API layer's job: :mod:`calib.resolve`):
+
+* a calibration alone: the hardware spec (HBM size and bandwidth for memory and the
+  optimizer step) is the preset whose device matches the calibration's;
+* a hardware spec alone: ``Calibration.defaults`` from the spec; every efficiency is a
   stated default and the output says so.
 * both, on different hardware: the calibration is *transferred* -- its fitted compute
   shapes (GEMM efficiency, k1, k2, dispatch) are kept; peak, link bandwidths and the
@@ -15,13 +17,12 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
-from calib.analytic.specs import HardwareSpec, hardware_for_device, load_hardware
+import numpy as np
+from calib.analytic.specs import HardwareSpec, hardware_for_device
 from calib.analytic.timemodel import System
 from calib.calibrate.calibration import DEFAULT, Calibration, CollectiveCurve, Param
 
-from calib.core import store as store_mod
 from calib.core.errors import InputError
 
 
@@ -77,6 +78,7 @@ def transfer(cal: Calibration, target: HardwareSpec, source: HardwareSpec | None
         k1_curve=cal.k1_curve or base.k1_curve,
         k2_curve=cal.k2_curve or base.k2_curve,
         dispatch=cal.dispatch or base.dispatch,
+        device_model=cal.device_model,  # moved to the target device by System.device_model
         provenance={
             "transferred_from": cal.system,
             "target_hardware": target.name,
@@ -86,26 +88,27 @@ def transfer(cal: Calibration, target: HardwareSpec, source: HardwareSpec | None
     )
 
 
-def with_spec_collectives(cal: Calibration, hw: HardwareSpec, notes: list[str]) -> Calibration:
-    """A calibration without collective samples times collectives from the spec's bandwidths.
-
-    Strategies without collectives (one GPU) never ask; the others get the spec's
-    default curves (status ``default``), and the calibration and output say so.
-    """
-    if cal.collectives:
+def _fill_collectives(cal: Calibration, hw: HardwareSpec, notes: list[str]) -> Calibration:
+    """Collectives the calibration has no samples for: the hardware spec's nominal bus
+    bandwidths (status default), so a fit from traces alone still predicts many GPUs."""
+    if not (np.isfinite(hw.intra_busbw_gbps) and np.isfinite(hw.inter_busbw_gbps)):
         return cal
-    spec = default_calibration(hw)
-    note = (
-        f"no nccl-tests samples in calibration {cal.system}: collectives use hardware spec '{hw.name}' "
-        f"bandwidths (busbw {hw.intra_busbw_gbps:.0f} GB/s intra / {hw.inter_busbw_gbps:.0f} GB/s inter-node, "
-        "latency 20/50 us; status default)"
+    base = default_calibration(hw)
+    missing = sorted({c.collective for c in base.collectives if not cal.curves_for(c.collective)})
+    if not missing:
+        return cal
+    extra = tuple(c for c in base.collectives if c.collective in missing)
+    notes.append(
+        f"no collective samples for {', '.join(missing)}: hardware spec '{hw.name}' bandwidths "
+        f"({hw.intra_busbw_gbps:.0f} GB/s intra-node, {hw.inter_busbw_gbps:.0f} GB/s inter-node bus bandwidth), "
+        "status default"
     )
-    notes.append(note)
-    return replace(cal, collectives=spec.collectives, network=spec.network, notes=(*cal.notes, note))
+    gpn = cal.gpus_per_node if cal.collectives else hw.gpus_per_node
+    return replace(cal, collectives=(*cal.collectives, *extra), gpus_per_node=gpn)
 
 
 def compute_slots(cal: Calibration) -> Param | None:
-    """The effective compute slots per node ``calib fit`` found (``provenance["node"]``), if any."""
+    """The effective compute slots per node the fit found (``provenance["node"]``), if any."""
     node = (cal.provenance or {}).get("node") or {}
     raw = node.get("compute_slots_per_node")
     if not isinstance(raw, dict) or "value" not in raw:
@@ -150,30 +153,25 @@ def host_spec(cal: Calibration) -> HardwareSpec:
     )
 
 
-def resolve_system(
-    system: str | None = None,
-    calibration: str | Path | None = None,
-    hardware: str | None = None,
-    store: str | Path | None = None,
+def build_system(
+    cal: Calibration | None,
+    hw: HardwareSpec | None,
     *,
     ranks_per_node: int | None = None,
+    origin: str | None = None,
 ) -> tuple[System, list[str]]:
-    """Build the :class:`System` from CLI-style options; also return notes for the output.
+    """The :class:`System` of a calibration and/or a hardware spec; also notes for the output.
 
+    ``origin`` names where the calibration came from (a file) in notes and errors.
     ``ranks_per_node``: ranks placed on one node (default: one per device, the
     calibration's GPUs per node); more ranks than the node's compute slots time-share them.
     """
     if ranks_per_node is not None and ranks_per_node < 1:
-        raise InputError("--ranks-per-node", f"must be a positive integer, got {ranks_per_node}")
-    if system and calibration:
-        raise InputError("--calibration", "give either --system or --calibration, not both")
-    if not (system or calibration or hardware):
-        raise InputError(
-            "--system", "say which machine: --system NAME, --calibration FILE or --hardware SPEC"
-        )
-    hw = load_hardware(hardware) if hardware else None
+        raise InputError("ranks_per_node", f"must be a positive integer, got {ranks_per_node}")
+    if cal is None and hw is None:
+        raise InputError("system", "say which machine: a fitted calibration or a hardware spec")
     notes: list[str] = []
-    if not (system or calibration):
+    if cal is None:
         cal = default_calibration(hw)
         g, k1, k2 = cal.gemm_efficiency_curve, cal.k1_curve, cal.k2_curve
         notes.append(
@@ -183,31 +181,23 @@ def resolve_system(
             f"{hw.inter_busbw_gbps:.0f} GB/s inter-node"
         )
         return _node(System(cal, hw), ranks_per_node, notes), notes
-    if system:
-        path = store_mod.calibration_path(Path(store) if store else store_mod.default_store(), system)
-        if not path.is_file():
-            raise InputError(
-                "--system",
-                f"no calibration for system '{system}' at {path} (run `calib fit --system {system}`)",
-            )
-    else:
-        path = Path(calibration)
-    cal = Calibration.load(path)
+    where = origin or f"calibration of {cal.system}"
     own = hardware_for_device(cal.device, cal.gpus_per_node)
-    notes.append(f"calibration {path} (system {cal.system})")
+    notes.append(f"calibration {where} (system {cal.system})")
     traced_k2 = System(cal, own or host_spec(cal)).k2_covers_other_kernels
     if hw is None:
         if own is None and not traced_k2:
             raise InputError(
-                path,
-                f"calibration device '{cal.device}' matches no hardware preset; add --hardware SPEC for HBM size and bandwidth",
+                where,
+                f"calibration device '{cal.device}' matches no hardware preset; give a hardware spec for HBM "
+                "size and bandwidth",
             )
         if own is None:
             own = host_spec(cal)
             notes.append(
                 f"no hardware preset for device '{cal.device}': spec from the calibration (peak "
                 f"{own.peak_tflops:.4g} TFLOP/s, {own.gpus_per_node} devices per node); device memory unknown, "
-                "so no out-of-memory verdict (give --hardware SPEC for one)"
+                "so no out-of-memory verdict (give a hardware spec for one)"
             )
         hw = own
     elif own is None and same_device(hw.device, cal.device) and cal.gpus_per_node == hw.gpus_per_node:
@@ -217,10 +207,11 @@ def resolve_system(
         notes.append(
             f"transferred to hardware spec '{hw.name}': fitted efficiencies kept, peak and bandwidths from the spec"
         )
-    cal = with_spec_collectives(cal, hw, notes)
     if is_default(cal):
         notes.append("the calibration's GEMM efficiency is a stated default (no fit)")
-    slots = compute_slots(cal)
+    cal = _fill_collectives(cal, hw, notes)
+    # a GPU runs one rank at full speed: compute slots (time-sharing) describe CPU hosts
+    slots = compute_slots(cal) if cal.device_model is None else None
     machine = System(cal, hw, compute_slots_per_node=slots.value if slots is not None else None)
     if machine.k2_covers_other_kernels:
         notes.append(

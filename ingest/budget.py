@@ -40,7 +40,7 @@ class MemoryBudget:
     """A memory budget in bytes, and where it came from (for messages)."""
 
     total_bytes: int
-    source: str  # "--max-memory" or "default: 50% of 22.1 GiB available"
+    source: str  # "stated: 16G" or "default: 50% of 22.1 GiB available"
 
     def per_worker(self, workers: int) -> int:
         return max(self.total_bytes // max(workers, 1), 1)
@@ -58,14 +58,14 @@ def parse_size(text: str, available: int | None = None) -> int:
         except ValueError:
             pct = -1.0
         if not 0 < pct <= 100:
-            raise InputError("--max-memory", f"percentage must be in (0, 100], got '{text}'")
+            raise InputError("max_memory", f"percentage must be in (0, 100], got '{text}'")
         return int((available if available is not None else available_bytes()) * pct / 100)
     m = _SIZE_RE.match(text)
     if not m:
-        raise InputError("--max-memory", f"expected a size such as 8G, 512M or 40%, got '{text}'")
+        raise InputError("max_memory", f"expected a size such as 8G, 512M or 40%, got '{text}'")
     value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if value < MIN_BATCH_BYTES:
-        raise InputError("--max-memory", f"{text} is too small; give at least 1M")
+        raise InputError("max_memory", f"{text} is too small; give at least 1M")
     return value
 
 
@@ -88,7 +88,7 @@ def default_budget() -> MemoryBudget:
 def budget_from_option(text: str | None) -> MemoryBudget:
     if text is None:
         return default_budget()
-    return MemoryBudget(parse_size(text), f"--max-memory {text}")
+    return MemoryBudget(parse_size(text), f"stated: {text}")
 
 
 def inflated_size(path: Path) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from calib.core.atomic import write_text
 from calib.core.errors import InputError
 
 TIME_COLUMNS = {
@@ -44,7 +45,7 @@ RATE_COLUMNS = {
     "mfu": "MFU",
     "speedup": "speedup",
     "scaling_eff": "scaling eff",
-    "seed004_speedup": "seed004 speedup",
+    "speedup_comm_model": "comm-model speedup",
 }
 LAYOUT = {
     "gpus": "GPUs",
@@ -66,6 +67,11 @@ def _sig(df: pd.DataFrame, cols: dict[str, str], digits: int = 4) -> pd.DataFram
 def predict_text(table: pd.DataFrame, header: list[str], notes: list[str]) -> str:
     lay = table[list(LAYOUT)].rename(columns=LAYOUT)
     time = _sig(table, TIME_COLUMNS)
+    if "iter_s_lo" in table:  # the 90 % prediction interval beside the point estimate
+        band = (
+            table["iter_s_lo"].map(lambda v: f"{v:.4g}") + ".." + table["iter_s_hi"].map(lambda v: f"{v:.4g}")
+        )
+        time.insert(1, "90% interval", band.to_numpy())
     mem = table[list(MEMORY_COLUMNS)].rename(columns=MEMORY_COLUMNS).round(1)
     mem["OOM"] = np.where(table["oom"], "OOM", "ok")
     rate = table[list(RATE_COLUMNS)].rename(columns=RATE_COLUMNS).copy()
@@ -73,7 +79,7 @@ def predict_text(table: pd.DataFrame, header: list[str], notes: list[str]) -> st
     rate["tokens/s"] = rate["tokens/s"].map(lambda v: f"{v:,.0f}")
     for c in ("TFLOP/s/GPU",):
         rate[c] = rate[c].round(1)
-    for c in ("speedup", "scaling eff", "seed004 speedup"):
+    for c in ("speedup", "scaling eff", "comm-model speedup"):
         rate[c] = rate[c].map(lambda v: "n/a" if not np.isfinite(v) else f"{v:.3f}")
     out = [*header, ""]
     out += ["layout", _indent(lay.to_string(index=False)), ""]
@@ -126,15 +132,11 @@ def emit(text: str, out: str | Path | None) -> str | None:
     path = Path(out)
     if path.is_dir():
         raise InputError("--out", f"{path} is a directory")
-    tmp = path.with_name(f".{path.name}.tmp")
+    if not path.parent.is_dir():
+        raise InputError("--out", f"cannot write {path}: no such directory")
     try:
-        tmp.write_text(text)
-        tmp.replace(path)
-    except FileNotFoundError:
-        tmp.unlink(missing_ok=True)
-        raise InputError("--out", f"cannot write {path}: no such directory") from None
+        write_text(path, text)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise InputError("--out", f"cannot write {path}: {exc.strerror or exc}") from None
     return None
 
@@ -157,6 +159,11 @@ def _search_view(table: pd.DataFrame) -> pd.DataFrame:
     view["tokens/s"] = view["tokens/s"].map(lambda v: f"{v:,.0f}")
     for c in ("iter s", "compute s", "comm s", "bubble s"):
         view[c] = view[c].map(lambda v: f"{v:.4g}")
+    if "iter_s_lo" in table:  # the 90 % prediction interval
+        band = (
+            table["iter_s_lo"].map(lambda v: f"{v:.4g}") + ".." + table["iter_s_hi"].map(lambda v: f"{v:.4g}")
+        )
+        view.insert(view.columns.get_loc("iter s") + 1, "90% interval", band.to_numpy())
     for c in ("TFLOP/s/GPU", "mem GB"):
         view[c] = view[c].round(1)
     return view

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -19,22 +18,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from calib.ingest import buckets as _buckets
-from calib.ingest import collectives as _collectives
+from calib.ingest import collective_calls as _collectives
+from calib.ingest import device_ops as _device_ops
 from calib.ingest import frameworks as _frameworks
 from calib.ingest import gemms as _gemms
-from calib.ingest.capture.runconfig import RUN_CONFIG_NAME
+from calib.ingest.discover import default_name, find_inputs, rank_hints
 from calib.ingest.events import Events, normalise
 from calib.ingest.executors import ExecutorSpec, RankJob, run_jobs
-from calib.ingest.reader import InflateLimit, RawTrace, read_trace, sniff
+from calib.ingest.reader import InflateLimit, RawTrace, read_trace
 from calib.ingest.rules import DEFAULT_RULES, Rules
 from calib.ingest.timeline import build as build_timeline
 
+from calib.core.devices import limits_for, physics_warning
 from calib.core.errors import InputError
 from calib.core.schema import KIND_TRACE, Framework, ProcessGroup, RunMeta, SourceFile
 
 FRAMEWORKS = ("ddp", "fsdp", "fsdp2", "deepspeed", "megatron", "zero", "pytorch", "unknown")
-_TRACE_SUFFIXES = (".json", ".json.gz")
-_RANK_RE = re.compile(r"(?:rank|_r|-r)[-_]?(\d+)(?!.*\d)", re.I)
 
 
 @dataclass(frozen=True)
@@ -46,6 +45,7 @@ class IngestOptions:
     framework: str | None = None
     zero_stage: int | None = None
     model: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)
     rules: Rules = DEFAULT_RULES
     #: leave out empty or cut-off nccl-tests logs of a directory (each recorded in the run's notes)
     skip_bad: bool = False
@@ -53,10 +53,10 @@ class IngestOptions:
     def __post_init__(self) -> None:
         if self.framework is not None and self.framework not in FRAMEWORKS:
             raise InputError(
-                "--framework", f"unknown framework '{self.framework}' (known: {', '.join(FRAMEWORKS)})"
+                "framework", f"unknown framework '{self.framework}' (known: {', '.join(FRAMEWORKS)})"
             )
         if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
-            raise InputError("--zero-stage", f"ZeRO stage must be 0, 1, 2 or 3, not {self.zero_stage}")
+            raise InputError("zero_stage", f"ZeRO stage must be 0, 1, 2 or 3, not {self.zero_stage}")
 
 
 @dataclass
@@ -122,6 +122,7 @@ def ingest_rank(
     n_g, f_g = _gemms.per_window(gem, tl.iteration)
     tables["buckets"] = tables["buckets"].assign(n_gemms=n_g, gemm_flops=f_g)
     tables["gemms"] = gem
+    tables.update(_device_ops.compute(ev, tl, rank))
     tables["collectives"] = _collectives.compute(ev, tl, rank, dist)
     groups = _frameworks.process_groups(dist)
     framework = _frameworks.detect(ev, dist, groups)
@@ -131,6 +132,7 @@ def ingest_rank(
     notes = [*read_notes, *tl.notes]
     if tl.device == "gpu" and len(tl.act_start) and (tl.act_launch_op < 0).mean() > 0.5:
         notes.append("most kernels could not be tied to a launching host op (no correlation ids)")
+    notes.extend(_physics_checks(tables, devices))
     unlaunched = _unlaunched_in_first_window(ev, tl)
     if unlaunched:
         notes.append(
@@ -157,7 +159,7 @@ def _read(path: Path, budget: int | None) -> tuple[RawTrace, Events, list[str]]:
     The gzip trailer's size decides, but it can lie (or wrap at 4 GiB), so the in-memory
     inflate is bounded too and falls back to streaming when it overruns.
     """
-    from calib.ingest import memory
+    from calib.ingest import budget as memory
 
     if budget is None:
         raw = read_trace(path)
@@ -179,6 +181,42 @@ def _read(path: Path, budget: int | None) -> tuple[RawTrace, Events, list[str]]:
     return raw, ev, [note]
 
 
+def _physics_checks(tables: dict[str, pd.DataFrame], devices: tuple[str, ...]) -> list[str]:
+    """Kernel classes faster than the device can run: GEMM FLOP/s above the datasheet
+    peak, streamed bytes/s above HBM bandwidth (inputs beyond the L2 cache only)."""
+    lim = next((x for x in map(limits_for, devices) if x is not None), None)
+    if lim is None:
+        return []
+    out = []
+    g = tables["gemms"]
+    g = g[(g["device"] == "gpu") & (g["dur_s"] > 0)]
+    if len(g):
+        tflops = g["flops"].sum() / g["dur_s"].sum() / 1e12
+        if tflops > lim.bf16_tflops:
+            out.append(
+                physics_warning(
+                    "gemm",
+                    f"matmuls run at {tflops:.0f} TFLOP/s, above the {lim.bf16_tflops:.0f} TFLOP/s peak of {lim.source}",
+                )
+            )
+    ops = tables.get("device_ops")
+    if ops is not None and len(ops):
+        big = ops[
+            (ops["in_bytes"] > 256e6)
+            & ops["kernel_class"].isin(["elementwise", "copy_concat", "normalization"])
+        ]
+        for cls, grp in big.groupby("kernel_class"):
+            tbps = grp["in_bytes"].sum() / max(grp["dur_s"].sum(), 1e-12) / 1e12
+            if tbps > lim.hbm_tbps * 1.05:
+                out.append(
+                    physics_warning(
+                        str(cls),
+                        f"kernels read {tbps:.2f} TB/s, above the {lim.hbm_tbps} TB/s HBM bandwidth of {lim.source}",
+                    )
+                )
+    return out
+
+
 def _unlaunched_in_first_window(ev, tl) -> int:
     """Device work running in the first window whose launch is not in the trace."""
     if tl.device != "gpu" or tl.iteration[0] < 0:
@@ -190,74 +228,6 @@ def _unlaunched_in_first_window(ev, tl) -> int:
         (cs < tl.win_end[0]) & (ce > tl.win_start[0]) & (tl.comm_launch == cs) & (tl.comm_launch_op < 0)
     )
     return int((in_first & no_launch).sum() + comm_first.sum())
-
-
-def find_inputs(
-    paths: Sequence[str | Path], skip_bad: bool = False
-) -> tuple[list[Path], list[Path], list[str]]:
-    """Split the given files/directories into Kineto traces and nccl-tests logs, by content.
-
-    Files named explicitly must be one or the other.  Inside directories, files that are
-    neither (host lists, READMEs) are skipped and reported in the returned notes; an
-    empty file (a failed job) is refused, or with ``skip_bad`` skipped and noted.
-    """
-    from calib.ingest.nccl_tests import looks_like_nccl_tests
-
-    traces: list[Path] = []
-    logs: list[Path] = []
-    notes: list[str] = []
-    if not paths:
-        raise InputError("PATH", "give at least one trace file, nccl-tests log or directory")
-    for p in map(Path, paths):
-        if not p.exists():
-            raise InputError(p, "no such file or directory")
-        if p.is_dir():
-            entries = sorted(f for f in p.rglob("*") if not f.name.startswith("."))
-            broken = [f for f in entries if f.is_symlink() and not f.exists()]
-            if broken:
-                raise InputError(broken[0], "broken symbolic link: the file it points to is missing")
-            files = [f for f in entries if f.is_file()]
-            if not files:
-                raise InputError(p, "directory has no files")
-            explicit = False
-        else:
-            files, explicit = [p], True
-        for f in files:
-            if not explicit and f.name == RUN_CONFIG_NAME:
-                continue  # the capture sidecar: read by ingest(), not a trace
-            head = sniff(f, 4096)
-            if not explicit and not head.strip():
-                if not skip_bad:
-                    raise InputError(
-                        f, "empty file (a failed job?); remove it, or skip_bad to ingest the rest"
-                    )
-                notes.append(f"skipped bad file {f}: empty")
-                continue
-            first = head.lstrip()[:1]
-            if first in ("{", "["):
-                if not explicit and not f.name.endswith(_TRACE_SUFFIXES):
-                    notes.append(f"skipped {f}: JSON but not named *.json/*.json.gz")
-                    continue
-                if not explicit and first == "{" and '"traceEvents"' not in sniff(f, 1 << 16):
-                    notes.append(f"skipped {f}: JSON without 'traceEvents' in its first 64 KiB")
-                    continue
-                traces.append(f)
-            elif looks_like_nccl_tests(head):
-                logs.append(f)
-            elif explicit:
-                what = (
-                    "empty file"
-                    if not head.strip()
-                    else "neither a Kineto trace (JSON) nor an nccl-tests log"
-                )
-                raise InputError(f, what)
-            else:
-                notes.append(f"skipped {f}: neither a trace nor an nccl-tests log")
-    if not traces and not logs:
-        raise InputError(paths[0], "no Kineto traces or nccl-tests logs found")
-    if traces and logs:
-        raise InputError(paths[0], "mixes Kineto traces and nccl-tests logs; ingest them as separate runs")
-    return traces, logs, notes
 
 
 def ingest(
@@ -274,13 +244,13 @@ def ingest(
     traces, logs, notes = find_inputs(paths, options.skip_bad)
     options, sidecar_notes = apply_run_config(paths, options)
     notes = [*notes, *sidecar_notes]
-    name = options.name or _default_name(paths)
+    name = options.name or default_name(paths)
     if logs:
         from calib.ingest.nccl_tests import ingest_nccl_tests
 
         meta, tables = ingest_nccl_tests(logs, name=name, system=options.system, skip_bad=options.skip_bad)
         return replace(meta, notes=(*meta.notes, *notes)), tables
-    hints = _rank_hints(traces)
+    hints = rank_hints(traces)
     jobs = [RankJob(p, h, options.rules) for p, h in zip(traces, hints, strict=True)]
     results = run_jobs(jobs, executor or ExecutorSpec(), progress)
     return assemble(results, options, name, notes)
@@ -308,7 +278,17 @@ def apply_run_config(paths: Sequence[str | Path], options: IngestOptions) -> tup
     if stage is not None and stage not in (0, 1, 2, 3):
         raise InputError(where, f"ZeRO stage must be 0, 1, 2 or 3, not {stage!r}")
     model = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
-    shape = {k: v for k, v in model.items() if k in ("d", "l", "a", "s", "V", "b") and isinstance(v, int)}
+    full = cfg.get("shape_full") if isinstance(cfg.get("shape_full"), dict) else {}
+    shape = {
+        k: v
+        for k, v in {**model, **full}.items()
+        if k in ("d", "l", "a", "s", "V", "b", "kv", "ffn") and isinstance(v, int) and not isinstance(v, bool)
+    }
+    for key in ("precision", "family", "library"):
+        if isinstance(cfg.get(key), str) and shape:
+            shape[key] = cfg[key]
+    if isinstance(cfg.get("params"), int) and shape:
+        shape["params"] = cfg["params"]
     system = options.system or (cfg.get("system") if isinstance(cfg.get("system"), str) else None)
     if system is not None:
         from calib.core.store import check_name
@@ -321,8 +301,42 @@ def apply_run_config(paths: Sequence[str | Path], options: IngestOptions) -> tup
         framework=options.framework or name,
         zero_stage=options.zero_stage if options.zero_stage is not None else stage,
         model=dict(options.model) or shape,
+        measured=unprofiled_steps(cfg),
     )
     return updated, [f"stated by {where}: framework {name}, ZeRO stage {stage}, model {shape or '-'}"]
+
+
+def unprofiled_steps(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Median step time of the steps timed after the profiler window (slowest rank).
+
+    ``calib capture`` times every step of the loop on the host, each ending in a device
+    synchronisation; the steps in phase "after" ran with the profiler off, so their median
+    is the step time a prediction must match (the profiled steps are slower).
+    """
+    phases = cfg.get("step_phases")
+    times = cfg.get("step_times_s")
+    if not (isinstance(phases, list) and isinstance(times, dict)):
+        return {}
+    meds = []
+    for t in times.values():
+        if not isinstance(t, list):
+            continue
+        after = [
+            float(x)
+            for x, ph in zip(t, phases)
+            if ph == "after" and isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+        ]
+        if after:
+            meds.append(float(np.median(after)))
+    peak = cfg.get("peak_mem_bytes")
+    mem = (
+        {"peak_mem_bytes": int(peak)}
+        if isinstance(peak, int) and not isinstance(peak, bool) and peak > 0
+        else {}
+    )
+    if not meds:
+        return mem
+    return {"step_s_unprofiled": max(meds), "steps_unprofiled": len(after), **mem}
 
 
 def assemble(
@@ -355,6 +369,10 @@ def assemble(
         key: pd.concat([r.tables[key] for r in results], ignore_index=True)
         for key in ("buckets", "kernels", "kernel_stats", "dispatch_ops", "collectives", "gemms")
     }
+    for key in ("device_ops", "host_steps"):
+        parts = [r.tables[key] for r in results if key in r.tables and len(r.tables[key])]
+        if parts:
+            tables[key] = pd.concat(parts, ignore_index=True)
     if len(results) > 1:
         from calib.ingest import crossrank
 
@@ -375,6 +393,7 @@ def assemble(
         process_groups=groups,
         parallel=_frameworks.parallel_layout(groups, world),
         model=dict(options.model),
+        measured=dict(options.measured),
         sources=tuple(r.source for r in results),
         notes=tuple(all_notes),
     )
@@ -391,22 +410,6 @@ def _merge_frameworks(found: list[Framework]) -> Framework:
     )
 
 
-def _rank_hints(files: list[Path]) -> list[int]:
-    hints = []
-    for i, f in enumerate(files):
-        m = _RANK_RE.search(f.name)
-        hints.append(int(m.group(1)) if m else i)
-    return hints
-
-
-def _default_name(paths: Sequence[str | Path]) -> str:
-    from calib.core.store import safe_name
-
-    first = Path(paths[0])
-    name = safe_name(first.name if first.name else first.resolve().name)
-    return name if len(paths) == 1 else f"{name}+{len(paths) - 1}"
-
-
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -414,28 +417,3 @@ def _version() -> str:
         return version("calib")
     except Exception:  # noqa: BLE001 - running from a source tree
         return "0.0.0+src"
-
-
-def summary_frames(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    """Derived views for printing: bucket percentages, class shares, collective summary."""
-    b = tables["buckets"]
-    out: dict[str, pd.DataFrame] = {}
-    if not b.empty:
-        pct = b[["comm_s", "comm_exposed_s", "kernel_s", "memcpy_s", "intra_op_s", "inter_op_s", "other_s"]]
-        out["bucket_pct"] = (100.0 * pct.div(b["wall_s"].replace(0, np.nan), axis=0)).add_suffix("%")
-    k = tables["kernels"]
-    if not k.empty:
-        share = k.groupby(["rank", "kernel_class"], sort=False)["time_s"].sum().unstack(fill_value=0.0)
-        total = share.sum(axis=1).replace(0, np.nan)
-        out["class_pct"] = 100.0 * share.div(total, axis=0)
-    c = tables["collectives"]
-    if not c.empty:
-        keys = ["collective", "pg_name", "dtype", "bytes", "group_size"]
-        g = c.fillna({"pg_name": "-", "dtype": "-"}).groupby(keys, sort=True, dropna=False)
-        out["collective_summary"] = g.agg(
-            count=("dur_s", "size"),
-            mean_s=("dur_s", "mean"),
-            algbw_gbps=("algbw_gbps", "median"),
-            busbw_gbps=("busbw_gbps", "median"),
-        ).reset_index()
-    return out

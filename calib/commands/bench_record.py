@@ -1,6 +1,6 @@
 """Store benchmark results as a run of kind ``bench``, as nccl-tests logs are stored.
 
-``calib fit`` then finds them next to ingested traces and nccl-tests samples of the same
+The fit then finds them next to ingested traces and nccl-tests samples of the same
 system: ``<store>/<system>/runs/<name>/`` with a ``samples`` or ``gemm_samples`` table.
 """
 
@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from calib.core.rundir import write_run
 from calib.core.schema import KIND_BENCH, RunMeta
-from calib.core.store import run_dir
+from calib.core.store import save_run
 
 
 def default_name(prefix: str) -> str:
@@ -35,15 +34,20 @@ def write_bench_run(
     backend: str | None,
     devices: Sequence[str],
     notes: Sequence[str] = (),
+    replace: bool = False,
+    on_wait=None,  # noqa: ANN001 - calib.core.store.save_run's
 ) -> Path:
-    """Write ``df`` as table ``table`` of a bench run; returns the run directory."""
+    """Write ``df`` as table ``table`` of a bench run; returns the run directory.
+
+    A run of that name in the store raises ``RunExists`` unless ``replace`` (then it is
+    replaced atomically), as for ingested runs.
+    """
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         calib_version = version("calib")
     except PackageNotFoundError:  # pragma: no cover - source tree without install
         calib_version = "0.0.0+src"
-    target = run_dir(store, system, name)
     meta = RunMeta(
         name=name,
         kind=KIND_BENCH,
@@ -56,4 +60,4 @@ def write_bench_run(
         devices=tuple(devices),
         notes=tuple(notes),
     )
-    return write_run(target, meta, {table: df}, overwrite=False)
+    return save_run(store, meta, {table: df}, replace=replace, on_wait=on_wait)

@@ -59,18 +59,16 @@ def prepare(out: Path) -> Path:
     """Make ``out`` ready (see module docstring) and return its store path."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise InputError("--out", f"{out} exists and is not a directory")
+        raise InputError("out", f"{out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
-        raise InputError(
-            "--out", f"{out} is not empty and was not made by `calib demo`; give a new directory"
-        )
+        raise InputError("out", f"{out} is not empty and was not made by `calib demo`; give a new directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / MARKER).write_text(
             "made by `calib demo`; its store/ and report/ are replaced by the next demo\n"
         )
     except OSError as exc:
-        raise InputError("--out", f"cannot write {out}: {exc.strerror or exc}") from None
+        raise InputError("out", f"cannot write {out}: {exc.strerror or exc}") from None
     store = out / "store"
     if store.exists():
         shutil.rmtree(store)
@@ -78,15 +76,10 @@ def prepare(out: Path) -> Path:
 
 
 def run_demo(out: Path, fixtures: Path = FIXTURES, echo: Callable[[str], None] = print) -> Path:
-    """Run the pipeline; return the report's path.  ``echo`` gets one plain line per step."""
-    from calib.calibrate.fit import fit_system
-    from calib.ingest.pipeline import IngestOptions
-    from calib.ingest.pipeline import ingest as run_ingest
-    from calib.reports.build import make_report, resolve_spec, write_report
-    from calib.reports.inputs import gather
-
-    from calib.core.rundir import write_run
-    from calib.core.store import calibration_path, run_dir
+    """Run the pipeline through the public API; return the report's path.  ``echo`` gets one
+    plain line per step."""
+    from calib import api
+    from calib.reports.spec import default_spec
 
     fixtures = Path(fixtures).resolve()
     missing = [p for r in RUNS for p in r.paths if not (fixtures / p).exists()]
@@ -98,28 +91,26 @@ def run_demo(out: Path, fixtures: Path = FIXTURES, echo: Callable[[str], None] =
     t_all = time.perf_counter()
     store = prepare(out)
     n = len(RUNS) + 2
+    traced = []
     for i, r in enumerate(RUNS, start=1):
         t0 = time.perf_counter()
-        meta, tables = run_ingest(
-            [fixtures / p for p in r.paths], IngestOptions(system=r.system, name=r.name)
-        )
-        write_run(run_dir(store, r.system, r.name), meta, tables)
+        run = api.ingest_run([fixtures / p for p in r.paths], system=r.system, name=r.name, store=store)
+        if r.system != SYSTEM:
+            traced.append(run)
         echo(f"[{i}/{n}] ingest {r.system}/{r.name}: {r.what} ({time.perf_counter() - t0:.1f} s)")
     t0 = time.perf_counter()
-    cal = fit_system(store, SYSTEM)
-    cal.save(calibration_path(store, SYSTEM))
+    model = api.SystemModel().fit(api.load_runs(system=SYSTEM, store=store))
+    model.save(store=store)
+    cal = model.calibration_
     curves = ", ".join(sorted({c.collective for c in cal.collectives}))
     echo(f"[{n - 1}/{n}] fit {SYSTEM}: curves for {curves} at {sorted({c.n_gpus for c in cal.collectives})} GPUs, "
          f"eff g->n for {', '.join(sorted(cal.network))} ({time.perf_counter() - t0:.1f} s)")  # fmt: skip
     t0 = time.perf_counter()
-    trace_runs = tuple(str(run_dir(store, r.system, r.name)) for r in RUNS if r.system != SYSTEM)
-    inputs = gather(trace_runs, store, SYSTEM)
-    spec = resolve_spec("default", inputs)
-    report = make_report(
-        inputs, spec, title=f"calib demo: {SYSTEM} calibration, seed-004 scaling predictions"
-    )
-    path = write_report(report, Path(out) / "report")
-    echo(f"[{n}/{n}] report: {len(report.figures())} figures, ZeRO-1/2/3 on 8-512 GPUs for the seed-004 models, "
+    spec = default_spec()
+    path = api.report(Path(out) / "report", runs=traced, model=model, predict=spec, store=store,
+                      title=f"calib demo: {SYSTEM} calibration, seed-004 scaling predictions")  # fmt: skip
+    n_figures = len(list((path.parent / "figures").glob("*.png")))
+    echo(f"[{n}/{n}] report: {n_figures} figures, ZeRO-1/2/3 on 8-512 GPUs for the seed-004 models, "
          f"TP x DP / TP x PP maps, strategy search, validation ({time.perf_counter() - t0:.1f} s)")  # fmt: skip
     echo(f"demo finished in {time.perf_counter() - t_all:.1f} s; store {store}")
     return path

@@ -1,0 +1,86 @@
+"""Compute and memory terms of a strategy grid from a fitted device model.
+
+When the calibration holds a :class:`~calib.calibrate.device_model.DeviceModel` (fitted
+from GPU traces), the time model takes its per-layer GEMM, attention and memory-bound
+times, the LM head, optimizer and host issue time, and its memory terms from it, in
+place of seed 004's k1/k2 characterisation (which reports still derive from the same
+numbers: k1 = kernel / compute time, k2 = GEMM + attention / kernel time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from calib.analytic import formulas as F
+from calib.calibrate import device_step as D
+from calib.calibrate.device_model import DeviceModel, Family
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Per-strategy shape arrays the device model needs (broadcast with the grid)."""
+
+    d: np.ndarray
+    L: np.ndarray
+    a: np.ndarray
+    s: np.ndarray
+    V: np.ndarray
+    ffn: np.ndarray
+    kv: np.ndarray
+    mlp: str
+    tied: bool
+
+
+def shape_of(model) -> Shape:
+    ex = model.shape_extras
+    f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
+    return Shape(f(model.d_model), f(model.n_layers), f(model.n_heads), f(model.seq_len), f(model.vocab),
+                 f(ex["ffn"]), f(ex["kv"]), str(ex["mlp"]), bool(ex["tied"]))  # fmt: skip
+
+
+def layer_terms(dm: DeviceModel, fam: Family, sh: Shape, b, t, sp, rc, flash) -> dict[str, np.ndarray]:
+    """Seconds of one layer per micro-batch: GEMMs + attention (transformer) and streamed."""
+    T = np.asarray(b, dtype=float) * sh.s
+    passes = np.where(np.asarray(rc) == F.FULL, 2.0, 1.0)
+    gemm = D.gemm_layer_s(dm, T, sh.d, sh.a, sh.kv, sh.ffn, t, sh.mlp, passes)
+    attn = D.attention_layer_s(dm, b, sh.s, sh.d, sh.a, t, flash, passes)
+    selective = np.asarray(rc) == F.SELECTIVE
+    attn = attn * np.where(selective, 4.5 / 3.5, 1.0)  # the attention core's forward once more
+    stream = D.stream_layer_s(dm, fam, T, sh.d, sh.ffn, t, sp, passes)
+    return {"transformer": gemm + attn, "stream": stream}
+
+
+def head_terms(dm: DeviceModel, fam: Family, sh: Shape, b, t) -> dict[str, np.ndarray]:
+    T = np.asarray(b, dtype=float) * sh.s
+    return {
+        "transformer": D.head_gemm_s(dm, T, sh.d, sh.V, t),
+        "stream": D.head_stream_s(dm, fam, T, sh.V, t),
+    }
+
+
+def memory(
+    dm: DeviceModel, fam: Family, sh: Shape, params_gpu, b, t, p, dp, zero, m, v, rc, sp, reserve_bytes
+):
+    """Memory per GPU with ZeRO sharding, pipeline micro-batches in flight and recompute."""
+    z = np.asarray(zero)
+    dp = np.asarray(dp, dtype=float)
+    P = np.asarray(params_gpu, dtype=float)
+    p_w = P / np.where(z == 3, dp, 1.0)
+    p_opt = P / np.where(z >= 1, dp, 1.0)
+    p_grad = P / np.where(z >= 2, dp, 1.0)
+    p_, m_, v_ = (np.asarray(x, dtype=float) for x in (p, m, v))
+    in_flight = np.minimum(p_, m_) * np.where(v_ > 1, 1.0 + (p_ - 1.0) / (p_ * v_), 1.0)
+    rc = np.asarray(rc)
+    # full recompute keeps each layer's input (2 bytes per value) plus one layer's full set
+    full_scale = (2.0 / fam.act_bytes_d.value) + 1.0 / np.maximum(sh.L / p_, 1.0)
+    scale = np.where(rc == F.FULL, full_scale, 1.0) * in_flight
+    t_acts = np.where(np.asarray(sp, dtype=bool), t, 1.0)  # replicated activations without SP
+    T = np.asarray(b, dtype=float) * sh.s
+    V_eff = np.where(p_ == 1, sh.V, 0.0)  # logits live on the last stage only
+    mem = D.memory_bytes(dm, fam, p_w, p_opt, p_grad, T, sh.L / p_, sh.d, V_eff, t_acts, scale)
+    mem = {f"mem_{k}_bytes": np.asarray(v_, dtype=float) for k, v_ in mem.items()}
+    # the total is what the framework allocates at its peak (torch.cuda.max_memory_allocated);
+    # the runtime's own reserve (context, allocator slack) counts only against device memory
+    mem["mem_reserve_bytes"] = np.full_like(mem["mem_total_bytes"], float(reserve_bytes))
+    return mem

@@ -1,0 +1,47 @@
+"""90 % prediction intervals of iteration times from a fitted device model.
+
+The interval has two parts, both from the calibration's own data: the fitted terms'
+standard errors, propagated by re-evaluating the strategies with each term moved up by
+one standard error (finite differences), and the leave-one-run-out errors of the traced
+runs, which hold everything the terms' errors miss (the model's own structure).  They
+combine as a Student-t prediction interval
+(:func:`calib.calibrate.device_model.interval_half_width`).  Communication and the
+transfer to another device add errors the traced runs cannot show; the notes say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from calib.calibrate.device_fit import loo_rel_errors
+from calib.calibrate.device_model import interval_half_width, perturbations
+
+LEVEL = 0.90
+
+
+def iter_interval(model, system, st, iter_s) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
+    """(lower, upper, notes) of each strategy's iteration time, or None without a device model."""
+    from calib.analytic.timemodel import evaluate
+
+    dm = system.cal.device_model
+    if dm is None or not dm.families:
+        return None
+    it = np.asarray(iter_s, dtype=float)
+    var = np.zeros_like(it)
+    for p in perturbations(dm):
+        r = evaluate(model, replace(system, cal=replace(system.cal, device_model=p)), st, lean=True)
+        var = var + (np.asarray(r["iter_s"], dtype=float) / it - 1.0) ** 2
+    loo = loo_rel_errors(dm)
+    half = interval_half_width(np.sqrt(var), loo, LEVEL)
+    notes = [
+        f"{LEVEL:.0%} interval (iter_s_lo..iter_s_hi): the device model's fitted terms' standard errors"
+        f" and its leave-one-run-out errors on {len(loo)} traced run(s) (Student t)"
+    ]
+    if len(loo) < 2:
+        notes.append("fewer than 2 leave-one-run-out errors: the interval holds the parameters' errors only")
+    if system.device_model is not dm:
+        notes.append(
+            f"transferred from {dm.device} to {system.hw.device}: the interval does not hold the transfer's error"
+        )
+    return it * (1.0 - half), it * (1.0 + half), notes

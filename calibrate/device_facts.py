@@ -1,0 +1,161 @@
+"""What one traced GPU run says about the device: the inputs of the device-model fit.
+
+Everything here is read from the run's tables and ``run.json`` (no fitting): the model
+shape, its implementation family (MLP kind from the operators it ran, weight precision
+from the capture), per-iteration kernel time by class, memory-bound bytes grouped by
+what they stream (activations of width d or ffn, logits, weights), host operator counts
+and issue time, and the unprofiled step time measured beside the trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from calib.calibrate.device_model import BF16, FP32_AUTOCAST, GELU, SWIGLU
+from calib.calibrate.device_step import layer_params
+
+from calib.core.devices import flagged_classes
+from calib.core.rundir import Run
+
+#: kernel classes timed by their own terms (not the streamed-bytes term)
+OWN_TERMS = ("gemm", "attention", "optimizer", "memcpy")
+GROUPS = ("d", "ffn", "vocab", "param", "embed", "unsized")
+SWIGLU_OPS = ("aten::silu", "aten::silu_", "aten::silu_backward")
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    name: str
+    d: int
+    L: int
+    a: int
+    kv: int
+    ffn: int
+    s: int
+    V: int
+    b: int
+    mlp: str
+    weights: str
+    params: float
+    tied: bool  # LM head shares the embedding matrix (from the parameter count)
+    step_s: float | None  # unprofiled step (run_config.json), None when not measured
+    peak_mem_bytes: float | None
+    wall_s: float  # profiled iteration
+    busy_s: float  # device busy (union of kernels) in the profiled iteration
+    class_s: dict[str, float]  # kernel seconds per class (per iteration)
+    groups: pd.DataFrame  # index GROUPS: bytes, kernels, seconds of memory-bound kernels
+    host_ops: float
+    host_issue_s: float
+    gemms: pd.DataFrame  # m, n, k, batch, dur_s (median per shape), count
+    flagged: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def T(self) -> int:
+        return self.b * self.s
+
+    @property
+    def family_key(self) -> str:
+        return f"{self.mlp}/{self.weights}"
+
+
+def _int(model: dict, key: str, default: int | None = None) -> int | None:
+    v = model.get(key, default)
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
+
+
+def facts(run: Run) -> RunFacts | None:
+    """The run's facts, or None when it cannot feed the device model (no GPU, no shape)."""
+    m = dict(run.meta.model)
+    need = ("d", "l", "a", "s", "V", "b")
+    if any(_int(m, k) is None for k in need) or not run.has("device_ops") or not run.has("gemms"):
+        return None
+    buckets = run.table("buckets")
+    buckets = buckets[buckets["device"] == "gpu"]
+    if buckets.empty:
+        return None
+    d, L, a, s, V, b = (_int(m, k) for k in need)
+    ops = run.table("device_ops")
+    it = _steady_iteration(buckets)
+    ops = ops[ops["iteration"] == it]
+    names = set(ops["op"].astype(str))
+    mlp = SWIGLU if names & set(SWIGLU_OPS) else GELU
+    ffn = _int(m, "ffn") or _ffn_from_gemms(run.table("gemms"), d, b * s, V) or 4 * d
+    kv = _int(m, "kv", a)
+    prec = str(m.get("precision", "")).lower()
+    weights = BF16 if ("bf16" in prec and "autocast" not in prec) else FP32_AUTOCAST
+    layers = float(L * layer_params(d, a, kv, ffn, mlp))
+    params = _int(m, "params") or layers + V * d
+    tied = abs(params - (layers + V * d)) <= abs(params - (layers + 2 * V * d))
+    row = buckets[buckets["iteration"] == it].iloc[0]
+    kernels = run.table("kernels")
+    kernels = kernels[kernels["iteration"] == it]
+    class_s = kernels.groupby("kernel_class")["time_s"].sum().to_dict()
+    host = run.table("host_steps") if run.has("host_steps") else pd.DataFrame()
+    host = host[host["iteration"] == it] if len(host) else host
+    measured = dict(run.meta.measured)
+    g = run.table("gemms")
+    g = g[(g["device"] == "gpu") & (g["dur_s"] > 0)]
+    per_it = max(g["iteration"].nunique(), 1)
+    shapes = (
+        g.groupby(["m", "n", "k", "batch"])["dur_s"].agg(dur_s="median", count="size").reset_index()
+        if len(g)
+        else pd.DataFrame(columns=["m", "n", "k", "batch", "dur_s", "count"])
+    )
+    shapes["count"] = shapes["count"] / per_it
+    return RunFacts(
+        name=run.meta.name, d=d, L=L, a=a, kv=kv, ffn=int(ffn), s=s, V=V, b=b, mlp=mlp, weights=weights,
+        params=float(params), tied=bool(tied), step_s=_pos(measured.get("step_s_unprofiled")),
+        peak_mem_bytes=_pos(measured.get("peak_mem_bytes")), wall_s=float(row["wall_s"]),
+        busy_s=float(row["compute_busy_s"]), class_s={str(k): float(v) for k, v in class_s.items()},
+        groups=_groups(ops, b * s, d, int(ffn), V, float(params)),
+        host_ops=float(host["n_host_ops"].iloc[0]) if len(host) else float("nan"),
+        host_issue_s=float(host["host_issue_s"].iloc[0]) if len(host) else float("nan"),
+        gemms=shapes, flagged=frozenset(flagged_classes(run.meta.notes)),
+    )  # fmt: skip
+
+
+def _pos(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 else None
+
+
+def _steady_iteration(buckets: pd.DataFrame) -> int:
+    """The last profiled iteration: the first may hold queued work of an unprofiled step."""
+    its = sorted(buckets["iteration"].unique())
+    return int(its[-1])
+
+
+def _ffn_from_gemms(g: pd.DataFrame, d: int, tokens: int, V: int) -> int | None:
+    """The MLP width: the commonest matmul dimension other than tokens, vocabulary, d, 3d."""
+    if g.empty:
+        return None
+    dims = pd.concat([g["m"], g["n"], g["k"]])
+    dims = dims[~dims.isin([d, 3 * d, tokens, V]) & (dims > d)]
+    return int(dims.value_counts().idxmax()) if len(dims) else None
+
+
+def _groups(ops: pd.DataFrame, T: int, d: int, ffn: int, V: int, params: float) -> pd.DataFrame:
+    """Memory-bound kernels grouped by the tensor they stream (largest input's width)."""
+    mb = ops[~ops["kernel_class"].isin(OWN_TERMS)]
+    # memsets zero buffers of the op that launched them: their bytes are not its inputs
+    numel = np.where(mb["kernel_class"].to_numpy() == "memset", 0, mb["numel"].to_numpy(np.int64))
+    lead = mb["lead"].to_numpy(np.int64) if "lead" in mb else numel
+    per_tok = (numel % T == 0) & (lead % T == 0)
+    width = np.where(per_tok, numel // max(T, 1), 0)
+    grp = np.select(
+        [numel == 0, per_tok & (width % V == 0), per_tok & (width % ffn == 0), per_tok,
+         (numel % V == 0) & (numel // max(V, 1) <= 2 * d)],
+        ["unsized", "vocab", "ffn", "d", "embed"],
+        "param",
+    )  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "group": grp,
+            "bytes": mb["in_bytes"].to_numpy(float) * mb["count"].to_numpy(float),
+            "kernels": mb["count"].to_numpy(float),
+            "seconds": mb["dur_s"].to_numpy(float),
+        }  # fmt: skip
+    )
+    out = df.groupby("group")[["bytes", "kernels", "seconds"]].sum().reindex(list(GROUPS)).fillna(0.0)
+    return out

@@ -1,0 +1,437 @@
+"""Fit the device model (:mod:`calibrate.device_model`) from GPU traces and GEMM benchmarks.
+
+Each term is fitted from the data that isolates it, with scipy, and carries a standard
+error from its fit's covariance (or the spread across runs):
+
+* GEMM roofline: every traced matmul shape (median kernel time) and every ``calib bench
+  gemm`` sample of at least 50 us (shorter bench timings hold the launch latency the
+  kernel durations of a trace do not);
+* attention, streamed bytes, optimizer: kernel time of their classes per run;
+* host and gaps: the unprofiled step times measured beside the traces.
+
+Memory-bound bytes per token-layer, kernels and host operators per layer are measured
+per implementation family (:class:`Family`).  Activation memory per token-layer is
+fitted when the runs record their peak memory, else the stated reference default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+from calib.calibrate.device_facts import RunFacts
+from calib.calibrate.device_model import (
+    ADAM_BYTES_PER_PARAM,
+    ATTN_HEAD_TILE,
+    DeviceModel,
+    Family,
+    GemmModel,
+    interval_half_width,
+    perturbations,
+)
+from calib.calibrate.params import DEFAULT, FITTED, FIXED, UNIDENTIFIABLE, FitQuality, Param
+from scipy.optimize import least_squares, nnls
+
+BENCH_MIN_S = 50e-6
+#: Reference activation memory (bytes kept per token, layer and unit of d) and logit bytes
+#: (per token and vocabulary entry) of the HF implementations, derived by
+#: fixtures/traces/h100/memory_reference.py from the peak memory measured on the H100
+#: reference runs (fixtures/traces/h100/measured_steps.json).  Used with status "default"
+#: when the traced runs of a system did not record their own peak memory.
+REFERENCE_ACT_BYTES_D = {"gelu/fp32-autocast": 88.5, "swiglu/bf16": 47.7}
+REFERENCE_LOGIT_BYTES = 12.1
+REFERENCE_SOURCE = "reference H100 runs (fixtures/traces/h100/measured_steps.json)"
+
+
+def _se(jac: np.ndarray, resid: np.ndarray) -> np.ndarray:
+    dof = max(len(resid) - jac.shape[1], 1)
+    cov = np.linalg.pinv(jac.T @ jac) * float(resid @ resid) / dof
+    return np.sqrt(np.clip(np.diag(cov), 0.0, None))
+
+
+def _quality(pred: np.ndarray, meas: np.ndarray, note: str = "") -> FitQuality:
+    rel = pred / meas - 1.0
+    ss = float(np.sum((meas - meas.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((pred - meas) ** 2)) / ss if ss > 0 else None
+    return FitQuality(n_points=len(meas), r2=r2, rmse=float(np.sqrt(np.mean((pred - meas) ** 2))),
+                      max_abs_rel_err=float(np.max(np.abs(rel))) if len(rel) else None,
+                      residuals=tuple(float(x) for x in rel[:200]), note=note)  # fmt: skip
+
+
+# ---- GEMMs --------------------------------------------------------------------------
+def gemm_points(runs: Sequence[RunFacts], bench: pd.DataFrame) -> pd.DataFrame:
+    rows = [f.gemms.assign(source=f.name) for f in runs if "gemm" not in f.flagged and len(f.gemms)]
+    if len(bench):
+        b = bench[bench["time_s"] >= BENCH_MIN_S]
+        rows.append(
+            b.rename(columns={"time_s": "dur_s"})[["m", "n", "k", "batch", "dur_s"]].assign(
+                count=1.0, source="bench"
+            )
+        )
+    if not rows:
+        return pd.DataFrame(columns=["m", "n", "k", "batch", "dur_s", "count", "source"])
+    return pd.concat(rows, ignore_index=True)
+
+
+def fit_gemm(points: pd.DataFrame) -> GemmModel:
+    m, n, k, b, t = (points[c].to_numpy(float) for c in ("m", "n", "k", "batch", "dur_s"))
+    un = [(x % 8 != 0) for x in (m, n, k)]
+    have = [bool(u.any()) for u in un]
+
+    def model(p):
+        g = _gemm(p)
+        return g.time_s(m, n, k, b)
+
+    def _gemm(p):
+        return GemmModel(*(Param(v) for v in (p[0], p[1], p[2], p[3], p[4], p[5])))
+
+    x0 = [800.0, 2.5, 5e-6, 0.2, 0.2, 0.2]
+    lo = [1.0, 0.05, 0.0, 0.01, 0.01, 0.01]
+    hi = [1e5, 1e3, 1e-3, 1.0, 1.0, 1.0]
+    # weight each shape by the time it takes per step (count x duration): the step's total
+    # is what the model must get right; bench samples count once
+    c = points["count"].to_numpy(float)
+    w = np.sqrt(c * t / np.mean(c * t))
+    r = least_squares(lambda p: w * np.log(model(p) / t), x0, bounds=(lo, hi))
+    se = _se(r.jac, r.fun)
+    names = ("rate_tflops", "operand_tbps", "fixed_s", "unaligned_m", "unaligned_n", "unaligned_k")
+    units = ("TFLOP/s", "TB/s", "s", "", "", "")
+    params = {}
+    for i, (nm, u) in enumerate(zip(names, units, strict=True)):
+        if i >= 3 and not have[i - 3]:
+            params[nm] = Param(0.2, unit=u, status=DEFAULT,
+                               note="no traced or benchmarked matmul with this dimension unaligned; default 0.2")  # fmt: skip
+        else:
+            params[nm] = Param(float(r.x[i]), float(se[i]), unit=u, status=FITTED)
+    pred = model(r.x)
+    q = _quality(pred, t, note=f"log-residual fit over {len(t)} matmul shapes")
+    return GemmModel(**params, quality=q)
+
+
+# ---- attention, streamed bytes, optimizer ---------------------------------------------
+def attention_features(f: RunFacts) -> tuple[float, float]:
+    hd_pad = np.ceil(f.d / f.a / ATTN_HEAD_TILE) * ATTN_HEAD_TILE
+    return f.L * f.b * f.a * f.s * f.s * hd_pad, f.L * f.b * f.a * f.s * hd_pad
+
+
+def fit_attention(runs: Sequence[RunFacts]) -> tuple[Param, Param]:
+    rows = [
+        (attention_features(f), f.class_s.get("attention", 0.0))
+        for f in runs
+        if f.class_s.get("attention", 0) > 0
+    ]
+    if not rows:
+        note = "no attention kernels traced; default: 50 % of the datasheet-class 800 TFLOP/s"
+        return Param(1.0 / 400e12, unit="s/unit", status=DEFAULT, note=note), Param(
+            0.0, unit="s/unit", status=DEFAULT, note=note
+        )
+    X = np.array([r[0] for r in rows])
+    y = np.array([r[1] for r in rows])
+    A = X / y[:, None]
+    c, _ = nnls(A, np.ones(len(y)))
+    resid = A @ c - 1.0
+    if len(rows) > 2:
+        se = _se(A, resid)
+        return (Param(float(c[0]), float(se[0]), "s/unit"), Param(float(c[1]), float(se[1]), "s/unit"))
+    return (
+        Param(float(c[0]), None, "s/unit", UNIDENTIFIABLE, "fewer than 3 runs"),
+        Param(float(c[1]), None, "s/unit", UNIDENTIFIABLE, "fewer than 3 runs"),
+    )
+
+
+def fit_stream(runs: Sequence[RunFacts]) -> tuple[Param, Param]:
+    """Achieved bandwidth (input bytes) and fixed seconds per kernel of memory-bound kernels."""
+    rows = []
+    for f in runs:
+        for g in ("d", "ffn", "vocab", "param", "embed"):
+            r = f.groups.loc[g]
+            if r["seconds"] > 0 and r["bytes"] > 0:
+                rows.append((r["bytes"], r["kernels"], r["seconds"]))
+    X = np.array(rows, dtype=float)
+    if len(X) < 3:
+        return (Param(2.0, unit="TB/s", status=DEFAULT, note="too few sized memory-bound kernels"),
+                Param(3e-6, unit="s", status=DEFAULT, note="too few sized memory-bound kernels"))  # fmt: skip
+    # absolute seconds: the groups that take the time decide the bandwidth
+    A = np.column_stack([X[:, 0] / 1e12, X[:, 1]])
+    c, _ = nnls(A, X[:, 2])
+    se = _se(A, A @ c - X[:, 2])
+    inv_bw, t0 = c
+    bw = 1.0 / inv_bw
+    return (Param(float(bw), float(se[0] * bw * bw), "TB/s"), Param(float(t0), float(se[1]), "s"))
+
+
+def fit_optimizer(runs: Sequence[RunFacts]) -> Param:
+    bws = [f.params * ADAM_BYTES_PER_PARAM[f.weights] / f.class_s["optimizer"] / 1e12
+           for f in runs if f.class_s.get("optimizer", 0) > 0]  # fmt: skip
+    if not bws:
+        return Param(2.0, unit="TB/s", status=DEFAULT, note="no fused optimizer kernels traced")
+    se = float(np.std(bws, ddof=1) / np.sqrt(len(bws))) if len(bws) > 1 else None
+    return Param(float(np.mean(bws)), se, "TB/s")
+
+
+# ---- families -------------------------------------------------------------------------
+def _linear_in_layers(
+    Ls: np.ndarray, ys: np.ndarray, shared_intercept: float | None, unit: str
+) -> tuple[Param, Param]:
+    """y = per_layer * L + per_step, from runs of one family."""
+    if len(np.unique(Ls)) >= 2:
+        A = np.column_stack([Ls, np.ones_like(Ls)])
+        c, *_ = np.linalg.lstsq(A, ys, rcond=None)
+        se = _se(A, A @ c - ys) if len(Ls) > 2 else np.array([np.nan, np.nan])
+        return (Param(float(c[0]), None if np.isnan(se[0]) else float(se[0]), unit),
+                Param(float(c[1]), None if np.isnan(se[1]) else float(se[1]), unit))  # fmt: skip
+    step = shared_intercept if shared_intercept is not None else 0.0
+    note = "one layer count traced: per-step part taken from the other families"
+    return (
+        Param(float(np.mean((ys - step) / Ls)), None, unit, UNIDENTIFIABLE, note),
+        Param(step, None, unit, UNIDENTIFIABLE, note),
+    )
+
+
+def _mean_param(xs: list[float], unit: str) -> Param:
+    xs = [x for x in xs if np.isfinite(x)]
+    if not xs:
+        return Param(0.0, unit=unit, status=DEFAULT, note="not measured")
+    se = float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else None
+    return Param(float(np.mean(xs)), se, unit, FITTED if len(xs) > 1 else UNIDENTIFIABLE,
+                 "" if len(xs) > 1 else "one run: no spread")  # fmt: skip
+
+
+def fit_families(
+    runs: Sequence[RunFacts], stream: Param, t0: Param, act: dict[str, Param]
+) -> tuple[Family, ...]:
+    by: dict[str, list[RunFacts]] = {}
+    for f in runs:
+        by.setdefault(f.family_key, []).append(f)
+    # per-step intercepts shared by families with a single layer count
+    inter_k = inter_h = None
+    for fs in by.values():
+        Ls = np.array([f.L for f in fs], float)
+        if len(np.unique(Ls)) >= 2:
+            inter_k = _linear_in_layers(Ls, np.array([f.groups["kernels"].sum() for f in fs]), None, "")[
+                1
+            ].value
+            inter_h = _linear_in_layers(Ls, np.array([f.host_ops for f in fs]), None, "")[1].value
+            break
+    out = []
+    for key, fs in sorted(by.items()):
+        bd, bf, bv, bp, be = [], [], [], [], []
+        for f in fs:
+            gr = f.groups
+            unsized = (
+                max(gr.loc["unsized", "seconds"] - gr.loc["unsized", "kernels"] * t0.value, 0.0)
+                * stream.value
+                * 1e12
+            )
+            bd.append((gr.loc["d", "bytes"] + unsized) / (f.T * f.L * f.d))
+            bf.append(gr.loc["ffn", "bytes"] / (f.T * f.L * f.ffn))
+            bv.append(gr.loc["vocab", "bytes"] / (f.T * f.V))
+            bp.append(gr.loc["param", "bytes"] / max(f.params - f.V * f.d * (1 if f.tied else 2), 1.0))
+            be.append(gr.loc["embed", "bytes"] / (f.V * f.d))
+        Ls = np.array([f.L for f in fs], float)
+        kl, ks = _linear_in_layers(Ls, np.array([f.groups["kernels"].sum() for f in fs]), inter_k, "kernels")
+        hl, hs = _linear_in_layers(Ls, np.array([f.host_ops for f in fs]), inter_h, "ops")
+        out.append(Family(
+            mlp=fs[0].mlp, weights=fs[0].weights, bytes_d=_mean_param(bd, "B"), bytes_ffn=_mean_param(bf, "B"),
+            bytes_vocab=_mean_param(bv, "B"), bytes_param=_mean_param(bp, "B"), bytes_embed=_mean_param(be, "B"), kernels_layer=kl,
+            kernels_step=ks, host_ops_layer=hl, host_ops_step=hs, act_bytes_d=act[key], runs=tuple(f.name for f in fs),
+        ))  # fmt: skip
+    return tuple(out)
+
+
+# ---- memory ---------------------------------------------------------------------------
+def fit_memory(runs: Sequence[RunFacts], keys: Sequence[str]) -> tuple[dict[str, Param], Param]:
+    """Activation bytes per token-layer-d per family and logit bytes, from measured peaks."""
+    from calib.calibrate.device_model import STATIC_BYTES_PER_PARAM
+
+    measured = [f for f in runs if f.peak_mem_bytes]
+    fams = sorted({f.family_key for f in measured})
+    if len(measured) >= len(fams) + 1:
+        A = np.zeros((len(measured), len(fams) + 1))
+        y = np.zeros(len(measured))
+        for i, f in enumerate(measured):
+            A[i, fams.index(f.family_key)] = f.T * f.L * f.d
+            A[i, -1] = f.T * f.V
+            y[i] = f.peak_mem_bytes - f.params * STATIC_BYTES_PER_PARAM[f.weights]
+        W = A / y[:, None]
+        c, _ = nnls(W, np.ones(len(y)))
+        se = _se(W, W @ c - 1.0)
+        act = {k: Param(float(c[i]), float(se[i]), "B") for i, k in enumerate(fams)}
+        logit = Param(float(c[-1]), float(se[-1]), "B")
+    else:
+        act, logit = (
+            {},
+            Param(REFERENCE_LOGIT_BYTES, unit="B", status=DEFAULT, note=f"from the {REFERENCE_SOURCE}"),
+        )
+    for k in keys:
+        if k not in act:
+            ref = REFERENCE_ACT_BYTES_D.get(k, REFERENCE_ACT_BYTES_D["gelu/fp32-autocast"])
+            act[k] = Param(ref, unit="B", status=DEFAULT,
+                           note=f"no measured peak memory for {k}: from the {REFERENCE_SOURCE}")  # fmt: skip
+    return act, logit
+
+
+# ---- host -----------------------------------------------------------------------------
+def fit_host(
+    runs: Sequence[RunFacts], stated_overhead: float | None
+) -> tuple[Param, Param, Param, list[str]]:
+    """Host seconds per operator (unprofiled), device idle gap per step, profiler overhead.
+
+    A step takes max(device busy + gap, host issue time unprofiled); the profiled host
+    issue time is (1 + overhead) times the unprofiled one.  Runs whose unprofiled step
+    is far above their device busy time identify the overhead; otherwise it is bounded
+    below by the runs that were host-bound only while profiled.
+    """
+    notes: list[str] = []
+    timed = [f for f in runs if f.step_s and np.isfinite(f.host_issue_s) and f.host_ops > 0]
+    if not timed:
+        notes.append("no unprofiled step times (run_config.json): host and gap terms are defaults")
+        return (Param(8e-6, unit="s", status=DEFAULT, note="no unprofiled steps"), Param(0.0, unit="s", status=DEFAULT, note="no unprofiled steps"),
+                Param(stated_overhead or 0.0, status=DEFAULT, note="no unprofiled steps"), notes)  # fmt: skip
+    gaps = np.array([f.step_s - f.busy_s for f in timed])
+    med_gap = float(np.median(gaps))
+    host_bound = [f for f, g in zip(timed, gaps, strict=True) if g > 2.0 * med_gap + 1e-3]
+    device_bound = [f for f, g in zip(timed, gaps, strict=True) if not (g > 2.0 * med_gap + 1e-3)]
+    gap_vals = [f.step_s - f.busy_s for f in device_bound] or list(gaps)
+    gap = _mean_param(gap_vals, "s")
+    if host_bound:
+        phis = [f.host_issue_s / f.step_s - 1.0 for f in host_bound]
+        phi = _mean_param(phis, "")
+        phi = replace(
+            phi, note=f"from {len(host_bound)} host-bound run(s): profiled host issue / unprofiled step - 1"
+        )
+    elif stated_overhead is not None:
+        phi = Param(stated_overhead, unit="", status=FIXED, note="stated (profiler_overhead)")
+    else:
+        bound = max([f.host_issue_s / f.step_s - 1.0 for f in timed] + [0.0])
+        phi = Param(bound, unit="", status=UNIDENTIFIABLE,
+                    note="no host-bound run: the smallest overhead consistent with the runs (a lower bound)")  # fmt: skip
+        notes.append(f"profiler overhead not identifiable (no host-bound run): lower bound {bound:.1%} used")
+    c = host_per_op(timed, phi.value, None)
+    return c, gap, phi, notes
+
+
+def host_per_op(runs: Sequence[RunFacts], phi: float, family: str | None) -> Param:
+    """Unprofiled host seconds per operator: profiled issue time / ops / (1 + overhead).
+
+    Only runs that were host-bound while profiled (issue time >= 90 % of the iteration)
+    show the host's own pace; a device-bound host waits on the full launch queue.
+    ``family``: that family's runs (autocast, for one, adds host work per operator),
+    falling back to all runs.
+    """
+    timed = [f for f in runs if f.step_s and np.isfinite(f.host_issue_s) and f.host_ops > 0]
+    pace = [f for f in timed if f.host_issue_s >= 0.9 * f.wall_s] or timed
+    own = [f for f in pace if family is None or f.family_key == family]
+    use = own or pace
+    p = _mean_param([f.host_issue_s / f.host_ops / (1.0 + phi) for f in use], "s")
+    if family is not None and not own:
+        p = replace(
+            p, status=UNIDENTIFIABLE, note=f"no {family} run paced by its host: pooled from other families"
+        )
+    return p
+
+
+def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_tflops: float, hbm_tbps: float,
+               peak_source: str, stated_overhead: float | None = None) -> DeviceModel:  # fmt: skip
+    """Every term of the device model from ``runs`` (and benchmark samples)."""
+    notes = []
+    flagged = sorted({c for f in runs for c in f.flagged})
+    if flagged:
+        notes.append(f"left out of the fit (physics warnings at ingest): kernel classes {', '.join(flagged)}")
+    gemm = fit_gemm(gemm_points(runs, bench))
+    c1, c2 = fit_attention(runs)
+    bw, t0 = fit_stream(runs)
+    opt = fit_optimizer(runs)
+    act, logit = fit_memory(runs, sorted({f.family_key for f in runs}))
+    host, gap, phi, host_notes = fit_host(runs, stated_overhead)
+    fams = tuple(
+        replace(f, host_s_per_op=host_per_op(runs, phi.value, f.key)) for f in fit_families(runs, bw, t0, act)
+    )
+    notes.extend(host_notes)
+    return DeviceModel(
+        device=device, peak_tflops=peak_tflops, hbm_tbps=hbm_tbps, peak_source=peak_source, gemm=gemm,
+        attn_s_per_flop=c1, attn_s_per_io=c2, stream_tbps=bw, kernel_fixed_s=t0, optimizer_tbps=opt,
+        host_s_per_op=host, step_gap_s=gap, profiler_overhead=phi, logit_bytes=logit, families=fams,
+        notes=tuple(notes),
+    )  # fmt: skip
+
+
+def _predict(dm: DeviceModel, f: RunFacts) -> tuple[float, float]:
+    from calib.calibrate.device_step import single_gpu
+
+    p = single_gpu(dm, f.d, f.L, f.a, f.kv, f.ffn, f.s, f.V, f.b, f.mlp, tied=f.tied, params=f.params)
+    return float(p["step_s"]), float(p["mem_bytes"])
+
+
+def param_sigma(dm: DeviceModel, f: RunFacts) -> float:
+    """Relative standard error of a run's predicted step from the fitted terms' errors."""
+    base, _ = _predict(dm, f)
+    return float(np.sqrt(sum((_predict(p, f)[0] / base - 1.0) ** 2 for p in perturbations(dm))))
+
+
+def check_runs(
+    dm: DeviceModel, runs: Sequence[RunFacts], bench: pd.DataFrame, **fit_args
+) -> tuple[dict, ...]:
+    """In-sample and leave-one-run-out predictions of every run's unprofiled step time
+    (and peak memory when measured), with each leave-one-out prediction's 90 % interval
+    (the left-out run's own error never enters it): the honesty table ``calib fit``
+    stores and ``calib validate --runs`` prints."""
+    rows = []
+    loo_sig: dict[str, float] = {}
+    for f in runs:
+        step_in, mem_in = _predict(dm, f)
+        rest = [g for g in runs if g.name != f.name]
+        step_loo = mem_loo = None
+        if rest:
+            loo = fit_device(rest, bench, dm.device, dm.peak_tflops, dm.hbm_tbps, dm.peak_source, **fit_args)
+            step_loo, mem_loo = _predict(loo, f)
+            if not f.peak_mem_bytes:  # memory terms from reference constants: no held-out check
+                mem_loo = None
+            loo_sig[f.name] = param_sigma(loo, f)
+        rows.append({
+            "run": f.name, "family": f.family_key, "measured_step_s": f.step_s, "insample_step_s": step_in,
+            "loo_step_s": step_loo, "measured_mem_gb": f.peak_mem_bytes / 1e9 if f.peak_mem_bytes else None,
+            "insample_mem_gb": mem_in / 1e9, "loo_mem_gb": None if mem_loo is None else mem_loo / 1e9,
+            "profiled_wall_s": f.wall_s,
+            "profiler_overhead": (f.wall_s / f.step_s - 1.0) if f.step_s else None,
+        })  # fmt: skip
+    errs = {r["run"]: r["loo_step_s"] / r["measured_step_s"] - 1.0 for r in rows
+            if r["loo_step_s"] and r["measured_step_s"]}  # fmt: skip
+    for r in rows:
+        if r["run"] in errs:
+            others = [e for k, e in errs.items() if k != r["run"]]
+            half = float(interval_half_width(loo_sig.get(r["run"], 0.0), others))
+            r["loo_interval_rel"] = half
+            lo, hi = r["loo_step_s"] * (1.0 - half), r["loo_step_s"] * (1.0 + half)
+            r["loo_inside"] = bool(lo <= r["measured_step_s"] <= hi)
+    return tuple(rows)
+
+
+def loo_rel_errors(dm: DeviceModel) -> np.ndarray:
+    """Relative leave-one-run-out errors of the step time (the interval's empirical part)."""
+    e = [
+        r["loo_step_s"] / r["measured_step_s"] - 1.0
+        for r in dm.runs
+        if r.get("loo_step_s") and r.get("measured_step_s")
+    ]
+    return np.asarray(e, dtype=float)
+
+
+def summary(dm: DeviceModel) -> str:
+    """One line: how well the device model predicts the traced runs' unprofiled steps."""
+    ins = [abs(r["insample_step_s"] / r["measured_step_s"] - 1) for r in dm.runs if r.get("measured_step_s")]
+    loo = np.abs(loo_rel_errors(dm))
+    if not ins:
+        return f"device model of {dm.device} fitted from {len(dm.runs)} run(s); no unprofiled step times to check it"
+    text = (f"device model: unprofiled step time of {len(ins)} traced run(s) in-sample median {np.median(ins):.1%} "
+            f"max {max(ins):.1%}")  # fmt: skip
+    if len(loo):
+        text += f"; leave-one-run-out median {np.median(loo):.1%} max {np.max(loo):.1%}"
+        inside = [r["loo_inside"] for r in dm.runs if "loo_inside" in r]
+        halves = [r["loo_interval_rel"] for r in dm.runs if "loo_interval_rel" in r]
+        if inside:
+            text += (f", {sum(inside)}/{len(inside)} inside their 90 % interval "
+                     f"(median half-width {np.median(halves):.1%})")  # fmt: skip
+    return text + " (per-run table: validation against the system's runs)"

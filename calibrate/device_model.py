@@ -1,0 +1,274 @@
+"""The physical compute model of one device: part of the calibration contract.
+
+What one training step costs on one GPU, from the device's physics, every number fitted
+from traces (and ``calib bench gemm``) with its uncertainty:
+
+* **GEMMs** from their shapes: ``t = t_fixed + max(FLOPs / (rate * a), bytes / bw)``,
+  a roofline with a per-kernel fixed cost, where ``a`` < 1 for a dimension that is not a
+  multiple of 8 elements (cuBLAS then falls back to unaligned ``align1`` kernels: HF
+  GPT-2's vocabulary 50257 runs at ~100-150 TFLOP/s while aligned layers run ~800).
+* **attention** (fused, flash): ``c_flop * L b a s^2 h' + c_io * L b a s h'``, h' the head
+  dimension padded to the kernel's tile (64).
+* **memory-bound kernels** (element-wise, casts/copies, normalisation, cross-entropy)
+  from the bytes they stream at the achieved bandwidth plus a fixed cost per kernel; how
+  many bytes per token and layer an implementation streams is measured from its traces
+  (:class:`Family`), not assumed.
+* **optimizer** (fused Adam): bytes per parameter at the achieved bandwidth.
+* **host**: seconds per host operator (unprofiled); a step takes the longer of the
+  device's work plus the step's fixed gaps and the host's issue time.
+* **memory**: weights and optimizer states by precision, activations per token-layer
+  per unit of d, logits per token per vocabulary entry (fitted from peak memory).
+
+Efficiencies are fractions of ``peak_tflops`` / ``hbm_tbps`` (the device's datasheet, or
+the measured best when no datasheet is known).  Transfer to other hardware follows one
+rule (:meth:`DeviceModel.on`): rates scale with the peak FLOP/s, bandwidths with HBM
+bandwidth, host costs stay (same host software).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from calib.calibrate.params import FitQuality, Param
+from numpy.typing import ArrayLike
+
+ALIGN_ELEMS = 8  # cuBLAS tensor-core kernels need 16-byte aligned rows: 8 bf16 elements
+ATTN_HEAD_TILE = 64  # flash-attention kernels pad the head dimension to this multiple
+GELU, SWIGLU = "gelu", "swiglu"
+FP32_AUTOCAST, BF16 = "fp32-autocast", "bf16"
+#: bytes per parameter the fused Adam step streams: read p, g, m, v, write p, m, v
+ADAM_BYTES_PER_PARAM = {FP32_AUTOCAST: 28.0, BF16: 14.0}
+#: bytes per parameter held across the step at the activation peak (weights + Adam m, v;
+#: gradients are freed by zero_grad(set_to_none) before forward) plus, under autocast, the
+#: bf16 weight copies autograd keeps for backward
+STATIC_BYTES_PER_PARAM = {FP32_AUTOCAST: 4.0 + 8.0 + 2.0, BF16: 2.0 + 4.0}
+#: gradients appear during backward while activations are freed; after backward they are
+#: all present: weights + Adam + gradients (+ the fused step's scratch, not modelled)
+GRAD_BYTES_PER_PARAM = {FP32_AUTOCAST: 4.0, BF16: 2.0}
+
+
+def _p(d: Mapping[str, Any] | None) -> Param | None:
+    return Param.from_json(d) if d else None
+
+
+@dataclass(frozen=True)
+class GemmModel:
+    """t = fixed_s + max(FLOPs / (rate * align), operand bytes / operand_tbps)."""
+
+    rate_tflops: Param
+    operand_tbps: Param
+    fixed_s: Param
+    unaligned_m: Param
+    unaligned_n: Param
+    unaligned_k: Param
+    quality: FitQuality | None = None
+
+    def time_s(self, m: ArrayLike, n: ArrayLike, k: ArrayLike, batch: ArrayLike = 1, scale: float = 1.0,
+               bw_scale: float = 1.0, bytes_per_elem: float = 2.0) -> np.ndarray:  # fmt: skip
+        """Seconds of one (batched) matmul C[m,n] = A[m,k] B[k,n]; arrays broadcast."""
+        m, n, k, b = (np.asarray(x, dtype=float) for x in (m, n, k, batch))
+        align = (
+            np.where(m % ALIGN_ELEMS != 0, self.unaligned_m.value, 1.0)
+            * np.where(n % ALIGN_ELEMS != 0, self.unaligned_n.value, 1.0)
+            * np.where(k % ALIGN_ELEMS != 0, self.unaligned_k.value, 1.0)
+        )
+        flops = 2.0 * m * n * k * b
+        nbytes = bytes_per_elem * (m * k + k * n + m * n) * b
+        compute = flops / (self.rate_tflops.value * 1e12 * scale * align)
+        stream = nbytes / (self.operand_tbps.value * 1e12 * bw_scale)
+        return np.where(flops > 0, self.fixed_s.value + np.maximum(compute, stream), 0.0)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> GemmModel:
+        keys = ("rate_tflops", "operand_tbps", "fixed_s", "unaligned_m", "unaligned_n", "unaligned_k")
+        return cls(**{k: Param.from_json(d[k]) for k in keys}, quality=FitQuality.from_json(d.get("quality")))
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one implementation (HF GPT-2 with GELU, HF Llama with SwiGLU, ...) makes the
+    device and host do per token and layer, measured from its traces.
+
+    Memory-bound bytes are the launching ops' input bytes: activations of width d (or
+    3d, d + 2 kv) per token-layer per unit of d, of width ffn per unit of ffn, logits per
+    token per vocabulary entry, and weights (autocast casts) per parameter.
+    """
+
+    mlp: str  # gelu or swiglu
+    weights: str  # fp32-autocast or bf16
+    bytes_d: Param  # streamed bytes per token per layer per unit of d
+    bytes_ffn: Param  # streamed bytes per token per layer per unit of ffn
+    bytes_vocab: Param  # streamed bytes per token per vocabulary entry (LM head, loss)
+    bytes_param: Param  # streamed bytes per layer parameter per step (weight casts, gradient casts)
+    bytes_embed: Param  # streamed bytes per embedding entry (V x d) per step (casts, tied-gradient adds)
+    kernels_layer: Param  # memory-bound kernels per layer
+    kernels_step: Param  # memory-bound kernels per step outside the layers
+    host_ops_layer: Param  # host operators (all nesting levels) per layer
+    host_ops_step: Param  # host operators per step outside the layers
+    act_bytes_d: Param  # activation bytes kept for backward per token-layer per unit of d
+    host_s_per_op: Param | None = None  # unprofiled host seconds per operator (None: the device's)
+    stream_tbps: Param | None = (
+        None  # achieved bandwidth of this family's memory-bound kernels (None: the device's)
+    )
+    kernel_fixed_s: Param | None = None  # fixed seconds per memory-bound kernel (None: the device's)
+    runs: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.mlp}/{self.weights}"
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Family:
+        out = {k: (Param.from_json(v) if isinstance(v, dict) else v) for k, v in d.items()}
+        out["runs"] = tuple(d.get("runs", ()))
+        return cls(**out)
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """One device's fitted compute model (see the module docstring)."""
+
+    device: str
+    peak_tflops: float  # the FLOP/s the GEMM rate is measured against (datasheet or measured)
+    hbm_tbps: float  # the HBM bandwidth the streaming bandwidths are measured against
+    peak_source: str
+    gemm: GemmModel
+    attn_s_per_flop: Param  # seconds per (L b a s^2 h') of fused attention, forward + backward
+    attn_s_per_io: Param  # seconds per (L b a s h')
+    stream_tbps: Param  # achieved bandwidth of memory-bound kernels (input bytes)
+    kernel_fixed_s: Param  # fixed device cost per memory-bound kernel
+    optimizer_tbps: Param  # achieved bandwidth of the fused optimizer step
+    host_s_per_op: Param  # unprofiled host seconds per operator
+    step_gap_s: Param  # device idle per step when the device is the bottleneck
+    profiler_overhead: Param  # profiled / unprofiled host time - 1
+    logit_bytes: Param  # bytes per logit element at the memory peak (logits, fp32 loss, grads)
+    families: tuple[Family, ...] = ()
+    runs: tuple[Mapping[str, Any], ...] = ()  # per-run fit table: measured, in-sample, leave-one-out
+    notes: tuple[str, ...] = ()
+
+    def family(self, mlp: str) -> tuple[Family, str | None]:
+        """The measured family for an MLP kind, or the nearest one with a note."""
+        same = [f for f in self.families if f.mlp == mlp]
+        if same:
+            return same[0], None
+        if not self.families:
+            raise ValueError("device model has no measured families")
+        f = self.families[0]
+        return f, f"no traced {mlp} model: memory-bound work and host ops taken from the {f.key} family"
+
+    def on(self, peak_tflops: float | None, hbm_tbps: float | None) -> DeviceModel:
+        """The same model on other hardware: rates scale with the peak FLOP/s ratio,
+        bandwidths with the HBM bandwidth ratio; host costs are unchanged."""
+        fs = (peak_tflops / self.peak_tflops) if peak_tflops else 1.0
+        bs = (hbm_tbps / self.hbm_tbps) if hbm_tbps else 1.0
+        if fs == 1.0 and bs == 1.0:
+            return self
+
+        def sc(p: Param, f: float) -> Param:
+            return replace(p, value=p.value * f, stderr=None if p.stderr is None else p.stderr * f)
+
+        gemm = replace(
+            self.gemm, rate_tflops=sc(self.gemm.rate_tflops, fs), operand_tbps=sc(self.gemm.operand_tbps, bs)
+        )
+        return replace(
+            self,
+            peak_tflops=peak_tflops or self.peak_tflops,
+            hbm_tbps=hbm_tbps or self.hbm_tbps,
+            gemm=gemm,
+            attn_s_per_flop=sc(self.attn_s_per_flop, 1.0 / fs),
+            attn_s_per_io=sc(self.attn_s_per_io, 1.0 / bs),
+            stream_tbps=sc(self.stream_tbps, bs),
+            optimizer_tbps=sc(self.optimizer_tbps, bs),
+        )
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> DeviceModel | None:
+        if not d:
+            return None
+        out = dict(d)
+        for k, v in d.items():
+            if isinstance(v, dict) and "value" in v:
+                out[k] = Param.from_json(v)
+        out["gemm"] = GemmModel.from_json(d["gemm"])
+        out["families"] = tuple(Family.from_json(f) for f in d.get("families", ()))
+        out["runs"] = tuple(d.get("runs", ()))
+        out["notes"] = tuple(d.get("notes", ()))
+        return cls(**out)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The shape facts the device model needs (all broadcastable arrays)."""
+
+    d: np.ndarray
+    L: np.ndarray
+    a: np.ndarray
+    kv: np.ndarray
+    ffn: np.ndarray
+    s: np.ndarray
+    V: np.ndarray
+    b: np.ndarray
+    t: np.ndarray = field(default_factory=lambda: np.asarray(1.0))  # tensor-parallel size
+
+
+#: the fitted terms whose standard errors propagate into a prediction's interval
+_DEVICE_TERMS = (
+    "attn_s_per_flop",
+    "stream_tbps",
+    "kernel_fixed_s",
+    "optimizer_tbps",
+    "host_s_per_op",
+    "step_gap_s",
+)
+_GEMM_TERMS = ("rate_tflops", "operand_tbps", "fixed_s", "unaligned_m", "unaligned_n", "unaligned_k")
+_FAMILY_TERMS = ("bytes_d", "bytes_ffn", "bytes_vocab", "bytes_param", "bytes_embed", "host_s_per_op", "stream_tbps",
+                 "kernel_fixed_s", "host_ops_layer", "act_bytes_d")  # fmt: skip
+
+
+def _bumped(p: Param | None) -> Param | None:
+    if p is None or not p.stderr or not np.isfinite(p.stderr):
+        return None
+    return replace(p, value=p.value + p.stderr)
+
+
+def perturbations(dm: DeviceModel):
+    """The model with one fitted term moved up by its standard error, for every term that
+    has one: the finite differences a prediction's parameter uncertainty is built from."""
+    for name in _DEVICE_TERMS:
+        p = _bumped(getattr(dm, name))
+        if p is not None:
+            yield replace(dm, **{name: p})
+    for name in _GEMM_TERMS:
+        p = _bumped(getattr(dm.gemm, name))
+        if p is not None:
+            yield replace(dm, gemm=replace(dm.gemm, **{name: p}))
+    for i, fam in enumerate(dm.families):
+        for name in _FAMILY_TERMS:
+            p = _bumped(getattr(fam, name))
+            if p is not None:
+                fams = list(dm.families)
+                fams[i] = replace(fam, **{name: p})
+                yield replace(dm, families=tuple(fams))
+
+
+def interval_half_width(rel_sigma_param: ArrayLike, loo_errors: ArrayLike, level: float = 0.90) -> np.ndarray:
+    """Relative half-width of a prediction interval: Student-t over the leave-one-run-out
+    errors (their RMS, bias included) combined with the parameters' propagated error.
+
+    With k leave-one-out errors e_i: t_{(1+level)/2, k-1} * sqrt(rms(e)^2 + sigma_p^2) *
+    sqrt(1 + 1/k), the small-sample prediction interval; without any, a normal quantile
+    times the parameter error alone (then it understates the model's own error).
+    """
+    from scipy import stats
+
+    e = np.asarray(loo_errors, dtype=float)
+    e = e[np.isfinite(e)]
+    sp = np.asarray(rel_sigma_param, dtype=float)
+    if len(e) >= 2:
+        k = len(e)
+        q = stats.t.ppf(0.5 + level / 2.0, k - 1)
+        return q * np.sqrt(np.mean(e * e) + sp * sp) * np.sqrt(1.0 + 1.0 / k)
+    return stats.norm.ppf(0.5 + level / 2.0) * sp

@@ -1,0 +1,185 @@
+"""One training step of a transformer on one device, from the fitted device model.
+
+Vectorised over strategies (every argument broadcasts), so the same code times one run
+for ``calib fit``'s leave-one-run-out check and millions of strategies for the search.
+
+Per micro-batch and layer (tensor-parallel size t, tokens T = b s):
+
+* GEMMs: every linear layer of the implementation (GELU family: fused QKV, output,
+  fc1, fc2; SwiGLU family: q, k, v, output, gate, up, down), each as forward
+  (T x out x in), input gradient (T x in x out) and weight gradient (out x in x T),
+  timed by the roofline of :class:`~calib.calibrate.device_model.GemmModel`;
+* attention: fused (flash) ``c_flop L b a s^2 h' + c_io L b a s h'``; unfused attention
+  as two batched GEMMs per direction plus the score tensors streamed by softmax;
+* memory-bound kernels: the family's streamed bytes per token-layer (units of d and of
+  ffn) at the achieved bandwidth, plus a fixed cost per kernel.
+
+Per step: LM head GEMMs and the loss (bytes per logit), weight casts (bytes per
+parameter), the fused optimizer (bytes per parameter), and the host's issue time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from calib.calibrate.device_model import (
+    ADAM_BYTES_PER_PARAM,
+    ATTN_HEAD_TILE,
+    GRAD_BYTES_PER_PARAM,
+    STATIC_BYTES_PER_PARAM,
+    SWIGLU,
+    DeviceModel,
+    Family,
+)
+from numpy.typing import ArrayLike
+
+
+def _f(x: ArrayLike) -> np.ndarray:
+    return np.asarray(x, dtype=float)
+
+
+def _bw(dm: DeviceModel, fam: Family | None) -> float:
+    return (fam.stream_tbps if fam is not None and fam.stream_tbps is not None else dm.stream_tbps).value
+
+
+def _t0(dm: DeviceModel, fam: Family | None) -> float:
+    return (
+        fam.kernel_fixed_s if fam is not None and fam.kernel_fixed_s is not None else dm.kernel_fixed_s
+    ).value
+
+
+def linears(d, a, kv, ffn, mlp: str) -> list[tuple[np.ndarray, np.ndarray, float]]:
+    """(in, out, column_parallel) of every linear layer of one transformer layer."""
+    d, a, kv, ffn = _f(d), _f(a), _f(kv), _f(ffn)
+    hd = d / a
+    if mlp == SWIGLU:
+        return [(d, d, 1.0), (d, kv * hd, 1.0), (d, kv * hd, 1.0), (d, d, 0.0),
+                (d, ffn, 1.0), (d, ffn, 1.0), (ffn, d, 0.0)]  # fmt: skip
+    return [(d, d + 2.0 * kv * hd, 1.0), (d, d, 0.0), (d, ffn, 1.0), (ffn, d, 0.0)]
+
+
+def layer_params(d, a, kv, ffn, mlp: str) -> np.ndarray:
+    """Weights of one layer (biases and norms are < 0.1 % and left out)."""
+    return sum(i * o for i, o, _ in linears(d, a, kv, ffn, mlp))
+
+
+def gemm_layer_s(dm: DeviceModel, T, d, a, kv, ffn, t, mlp: str, passes_fwd=1.0) -> np.ndarray:
+    """GEMM seconds of one layer's forward (``passes_fwd`` times) and backward."""
+    T, t = _f(T), _f(t)
+    g = dm.gemm
+    total = 0.0
+    for i, o, col in linears(d, a, kv, ffn, mlp):
+        i_t = np.where(col > 0, i, i / t)
+        o_t = np.where(col > 0, o / t, o)
+        fwd = g.time_s(T, np.round(o_t), np.round(i_t))
+        dgrad = g.time_s(T, np.round(i_t), np.round(o_t))
+        wgrad = g.time_s(np.round(o_t), np.round(i_t), T)
+        total = total + passes_fwd * fwd + dgrad + wgrad
+    return np.asarray(total)
+
+
+def head_gemm_s(dm: DeviceModel, T, d, V, t) -> np.ndarray:
+    """The LM head's three GEMMs (forward, input gradient, weight gradient)."""
+    Vt = np.ceil(_f(V) / _f(t))
+    g = dm.gemm
+    return g.time_s(T, Vt, d) + g.time_s(T, d, Vt) + g.time_s(Vt, d, T)
+
+
+def attention_layer_s(dm: DeviceModel, b, s, d, a, t, flash, passes_fwd=1.0) -> np.ndarray:
+    """Attention core (scores, softmax, weighted sum) of one layer, forward + backward."""
+    b, s, d, a, t = _f(b), _f(s), _f(d), _f(a), _f(t)
+    heads = np.maximum(a / t, 1.0)
+    hd = d / a
+    hd_pad = np.ceil(hd / ATTN_HEAD_TILE) * ATTN_HEAD_TILE
+    # backward is ~2.5x forward; the fitted constants hold forward + backward once
+    scale = (passes_fwd + 2.5) / 3.5
+    fused = scale * (
+        dm.attn_s_per_flop.value * b * heads * s * s * hd_pad
+        + dm.attn_s_per_io.value * b * heads * s * hd_pad
+    )
+    g = dm.gemm
+    bh = b * heads
+    mm = g.time_s(s, s, hd, bh) + g.time_s(s, hd, s, bh)  # Q K^T and P V
+    softmax_bytes = 4.0 * 2.0 * bh * s * s  # scores and probabilities, bf16, read + write
+    unfused = (passes_fwd + 2.0) * mm + (passes_fwd + 1.0) * softmax_bytes / (_bw(dm, None) * 1e12)
+    return np.where(np.asarray(flash, dtype=bool), fused, unfused)
+
+
+def stream_layer_s(dm: DeviceModel, fam: Family, T, d, ffn, t, sp, passes_fwd=1.0) -> np.ndarray:
+    """Memory-bound kernels of one layer: streamed bytes at the achieved bandwidth."""
+    T, d, ffn, t = _f(T), _f(d), _f(ffn), _f(t)
+    d_part = np.where(np.asarray(sp, dtype=bool), d / t, d)  # norms/residuals replicate without SP
+    nbytes = T * (fam.bytes_d.value * d_part + fam.bytes_ffn.value * ffn / t)
+    scale = (passes_fwd + 2.0) / 3.0  # forward is about a third of the element-wise work
+    return scale * (nbytes / (_bw(dm, fam) * 1e12) + fam.kernels_layer.value * _t0(dm, fam))
+
+
+def head_stream_s(dm: DeviceModel, fam: Family, T, V, t) -> np.ndarray:
+    """Loss and logit kernels (softmax, casts, cross-entropy) of one micro-batch."""
+    return _f(T) * _f(V) / _f(t) * fam.bytes_vocab.value / (_bw(dm, fam) * 1e12)
+
+
+def step_fixed_s(dm: DeviceModel, fam: Family, layer_params_gpu, embed_entries_gpu) -> np.ndarray:
+    """Per-step memory-bound work on the weights: casts and gradient accumulation of the
+    layers' parameters and of the embedding matrix (V x d entries), plus fixed kernels."""
+    nbytes = _f(layer_params_gpu) * fam.bytes_param.value + _f(embed_entries_gpu) * fam.bytes_embed.value
+    return nbytes / (_bw(dm, fam) * 1e12) + fam.kernels_step.value * _t0(dm, fam)
+
+
+def optimizer_s(dm: DeviceModel, fam: Family, params_opt) -> np.ndarray:
+    """The fused Adam step over the parameters this GPU updates."""
+    return _f(params_opt) * ADAM_BYTES_PER_PARAM[fam.weights] / (dm.optimizer_tbps.value * 1e12)
+
+
+def host_s(dm: DeviceModel, fam: Family, layers, microbatches) -> np.ndarray:
+    """Unprofiled host issue time of one step: operators times seconds per operator."""
+    ops = fam.host_ops_layer.value * _f(layers) * _f(microbatches) + fam.host_ops_step.value
+    return ops * (fam.host_s_per_op or dm.host_s_per_op).value
+
+
+def step_s(gpu_s: ArrayLike, host: ArrayLike, dm: DeviceModel) -> np.ndarray:
+    """A step takes the longer of the device's work (plus its fixed idle gaps) and the host's."""
+    return np.maximum(_f(gpu_s) + dm.step_gap_s.value, _f(host))
+
+
+def memory_bytes(
+    dm: DeviceModel, fam: Family, params_w, params_opt, params_grad, T, layers, d, V, t, acts_scale=1.0
+):
+    """Peak memory per GPU: the larger of the forward peak (weights, optimizer states,
+    activations, logits) and the end of backward (weights, states and gradients)."""
+    w = _f(params_w) * (STATIC_BYTES_PER_PARAM[fam.weights] - (8.0 if fam.weights != "bf16" else 4.0))
+    opt = _f(params_opt) * (8.0 if fam.weights != "bf16" else 4.0)
+    grads = _f(params_grad) * GRAD_BYTES_PER_PARAM[fam.weights]
+    acts = fam.act_bytes_d.value * _f(T) * _f(layers) * _f(d) / _f(t) * _f(acts_scale)
+    logits = dm.logit_bytes.value * _f(T) * _f(V) / _f(t)
+    fwd_peak = w + opt + acts + logits
+    bwd_end = w + opt + grads
+    total = np.maximum(fwd_peak, bwd_end)
+    return {
+        "weights": w,
+        "optimizer": opt,
+        "grads": np.where(fwd_peak >= bwd_end, 0.0, grads),
+        "activations": np.where(fwd_peak >= bwd_end, acts + logits, 0.0),
+        "total": total,
+    }
+
+
+def model_params(d, L, a, kv, ffn, V, mlp: str, tied=True) -> np.ndarray:
+    """Parameters: layers' linears plus the embedding (twice when the LM head is untied)."""
+    emb = _f(V) * _f(d) * np.where(np.asarray(tied, dtype=bool), 1.0, 2.0)
+    return _f(L) * layer_params(d, a, kv, ffn, mlp) + emb
+
+
+def single_gpu(dm: DeviceModel, d, L, a, kv, ffn, s, V, b, mlp: str, tied=True, flash=True,
+               params=None) -> dict[str, np.ndarray]:  # fmt: skip
+    """One training step on one GPU (no parallelism): time components, step and memory."""
+    fam, _ = dm.family(mlp)
+    T = _f(b) * _f(s)
+    P = model_params(d, L, a, kv, ffn, V, mlp, tied) if params is None else _f(params)
+    layer = (gemm_layer_s(dm, T, d, a, kv, ffn, 1.0, mlp) + attention_layer_s(dm, b, s, d, a, 1.0, flash)
+             + stream_layer_s(dm, fam, T, d, ffn, 1.0, False))  # fmt: skip
+    head = head_gemm_s(dm, T, d, V, 1.0) + head_stream_s(dm, fam, T, V, 1.0)
+    emb = _f(V) * _f(d) * np.where(np.asarray(tied, dtype=bool), 1.0, 2.0)
+    gpu = _f(L) * layer + head + step_fixed_s(dm, fam, P - emb, emb) + optimizer_s(dm, fam, P)
+    host = host_s(dm, fam, L, 1.0)
+    mem = memory_bytes(dm, fam, P, P, P, T, L, d, V, 1.0)
+    return {"step_s": step_s(gpu, host, dm), "gpu_s": gpu, "host_s": host, "mem_bytes": mem["total"]}
