@@ -65,6 +65,8 @@ NCCL_TREE_NVLINK_LAT_US = 4.0
 NCCL_TREE_NET_LAT_US = 14.0
 #: tuning.cc: tree bus bandwidth = ring's x .92 at most
 NCCL_TREE_BW_FACTOR = 0.92
+#: tuning.cc hwLat[NCCL_HW_NET][NCCL_ALGO_RING][NCCL_PROTO_SIMPLE] (us)
+NCCL_RING_NET_LAT_US = 14.0
 #: NCCL's Simple-protocol step: buffSize 4 MiB / NCCL_STEPS 8 = 512 KiB per channel; a
 #: broadcast/reduce chain forwards the message in pieces of this size
 NCCL_SIMPLE_STEP_BYTES = 512 * 1024.0
@@ -195,12 +197,24 @@ def time_s(
     t_ring = t_ring * _v(params, "ring_step_ratio", shift)
     if "tree_lat_scale" not in params:
         return t_ring, ring
-    scale = max(_v(params, "tree_lat_scale", shift), 0.0)
-    b_tree = max(_v(params, "tree_busbw_gbps", shift, -1.0), 1e-6) * 1e9
+    if _floats(params).get("tree_from_ring", 0.0) > 0:
+        # no tree regime in the samples: NCCL's tree scaled like the (shifted) ring step
+        scale, b_tree = tree_from_ring(segs)
+        b_tree *= 1e9
+    else:
+        scale = max(_v(params, "tree_lat_scale", shift), 0.0)
+        b_tree = max(_v(params, "tree_busbw_gbps", shift, -1.0), 1e-6) * 1e9
     cont = contention(nodes, _floats(params))
     t_tree = scale * tree_latency_us(nodes, gpn) * 1e-6 + S * 2.0 * (n - 1.0) / n / b_tree * cont
     use_tree = t_tree < t_ring
     return np.where(use_tree, t_tree, t_ring), np.where(use_tree, "tree", "ring")
+
+
+def tree_from_ring(segments: Sequence) -> tuple[float, float]:
+    """(latency scale, busbw GB/s) of NCCL's tree when no sample shows one: the ring step's
+    largest latency over NCCL's ring NET Simple 14 us, and 0.92 x the ring step plateau."""
+    scale = max(s.alpha_s.value for s in segments) / (NCCL_RING_NET_LAT_US * 1e-6)
+    return scale, NCCL_TREE_BW_FACTOR * segments[-1].busbw_gbps.value
 
 
 def _floats(params: Mapping) -> dict[str, float]:

@@ -57,8 +57,6 @@ from calib.core.errors import InputError
 MIN_FIT_BYTES = 256 * 1024.0
 #: an all-reduce size faster than this fraction of the ring's time ran NCCL's tree
 TREE_RATIO = 0.8
-#: tuning.cc hwLat[NCCL_HW_NET][NCCL_ALGO_RING][NCCL_PROTO_SIMPLE] (us)
-NCCL_RING_NET_LAT_US = 14.0
 TREE_LAT_TEXT = "2((ppn-1)*4 us + log2i(nodes)*14 us) (tuning.cc hwLat, Simple)"
 S_REF = float(2**30)
 Pair = tuple[CollectiveCurve, SizeSeries]
@@ -262,6 +260,7 @@ def _fit_allreduce(
     scales = sorted({int(v) for v in n})
     tree_note = f"{int(is_tree.sum())} of {len(T)} sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB at {scales} GPUs ran " \
         f"below {TREE_RATIO} x the ring's time (NCCL's tree)"  # fmt: skip
+    extra: dict[str, Param] = {}
     if is_tree.sum() >= 3:
 
         def resid(x):
@@ -281,7 +280,7 @@ def _fit_allreduce(
     else:
         # no tree regime in the data: NCCL's own tree model, scaled like the measured ring
         # (its step latency over NCCL's ring Simple hwLat, NET 14 us), busbw 0.92 x ring
-        a_ring = max(s.alpha_s.value for s in steps.segments) / (NCCL_RING_NET_LAT_US * 1e-6)
+        a_ring, cap = ncclmodel.tree_from_ring(steps.segments)
         why = f"{tree_note}: too few to fit; default"
         lat = Param(
             a_ring, status=DEFAULT, note=f"{why}: the ring step latency over NCCL's ring NET Simple 14 us"
@@ -289,6 +288,7 @@ def _fit_allreduce(
         bw = Param(
             cap, unit="GB/s", status=DEFAULT, note=f"{why}: NCCL's tree factor 0.92 x the ring step plateau"
         )
+        extra["tree_from_ring"] = _fixed(1.0, "tree parameters follow the ring step (and its +-1 sigma band)")
     params = {
         "gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines"),
         "ring_step_ratio": _param(
@@ -302,6 +302,7 @@ def _fit_allreduce(
         **_topology_params(topo, topo_note),
         "tree_lat_scale": lat,
         "tree_busbw_gbps": bw,
+        **extra,
     }
     ns = _scaling(ALLREDUCE, params, steps, pairs, gpn, derived=False, used="")
     t_pred, _ = ns.model_time_s(S, n)
