@@ -107,6 +107,11 @@ def _fill_collectives(cal: Calibration, hw: HardwareSpec, notes: list[str]) -> C
     return replace(cal, collectives=(*cal.collectives, *extra), gpus_per_node=gpn)
 
 
+def _is_derived(ns) -> bool:
+    p = ns.params.get("derived")
+    return p is not None and p.value > 0
+
+
 def compute_slots(cal: Calibration) -> Param | None:
     """The effective compute slots per node the fit found (``provenance["node"]``), if any."""
     node = (cal.provenance or {}).get("node") or {}
@@ -210,6 +215,12 @@ def build_system(
     if is_default(cal):
         notes.append("the calibration's GEMM efficiency is a stated default (no fit)")
     cal = _fill_collectives(cal, hw, notes)
+    derived = sorted(c for c, ns in cal.network.items() if ns.form == "nccl" and _is_derived(ns))
+    if derived:
+        notes.append(
+            f"no samples for {', '.join(derived)} across nodes: times derived from the fitted network "
+            "(NCCL's ring step curve of the measured collectives)"
+        )
     # a GPU runs one rank at full speed: compute slots (time-sharing) describe CPU hosts
     slots = compute_slots(cal) if cal.device_model is None else None
     machine = System(cal, hw, compute_slots_per_node=slots.value if slots is not None else None)

@@ -70,10 +70,22 @@ def selfcheck(
     return pd.DataFrame(rows)
 
 
+def populations(samples: pd.DataFrame) -> list[tuple[str, int, pd.DataFrame]]:
+    """(NCCL version, setup, samples) of every population with at least two inter-node scales:
+    versions and environment setups are never pooled (their tuners and bandwidths differ)."""
+    out = []
+    ver = samples["nccl_version"].astype(str)
+    for (v, setup), g in samples.groupby([ver, samples["setup"]], sort=True):
+        if g.loc[g["nnodes"] > 1, "nnodes"].nunique() >= 2:
+            out.append((str(v), int(setup), g))
+    return out
+
+
 def summary(table: pd.DataFrame) -> dict[str, float]:
     """Median and max |error| over the table, and per collective."""
     err = table["error"].abs()
     out = {"median_abs_error": float(np.median(err)), "max_abs_error": float(err.max()), "points": len(err)}
     for coll, g in table.groupby("collective"):
         out[f"median_abs_error_{coll}"] = float(np.median(g["error"].abs()))
+        out[f"max_abs_error_{coll}"] = float(g["error"].abs().max())
     return out

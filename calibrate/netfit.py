@@ -110,6 +110,12 @@ def fit_nccl(
                     unit="B",
                 )
             out[coll] = _scaling(coll, base, steps, src, gpn, derived=coll not in inter, used="")
+    derived = [c for c in ncclmodel.MODELLED if c in out and out[c].params["derived"].value > 0]
+    if derived:
+        notes.append(
+            f"no samples for {', '.join(derived)}: derived from the fitted ring step curve "
+            f"({steps.source if steps is not None else '-'}) with NCCL's step counts"
+        )
     return out, notes
 
 
