@@ -154,7 +154,7 @@ def _one_version(samples: pd.DataFrame, chosen: bool) -> tuple[pd.DataFrame, str
     counts = ver.value_counts()
     if chosen:
         raise InputError(
-            "nccl_version",
+            "where",
             f"{', '.join(sorted(v or 'unrecorded' for v in counts.index))} select several NCCL versions; "
             "their tuners pick different algorithms, fit one at a time",
         )

@@ -115,6 +115,29 @@ def test_selfcheck_two_to_eight_nodes(samples):
     assert big["error"].abs().max() < 0.06
 
 
+#: median |error| of the 2 -> 8-node self-check per population as measured (docs/network.md),
+#: rounded up to the next half percent: a regression in any population fails here
+SELFCHECK_MEDIAN = {
+    ("", 1): 0.12, ("", 2): 0.075, ("", 3): 0.27, ("", 4): 0.115, ("", 5): 0.12,
+    ("2.21", 1): 0.05, ("2.21", 4): 0.115, ("2.21", 5): 0.08,
+}  # fmt: skip
+
+
+def test_selfcheck_every_population(samples):
+    """Versions and setups are never pooled: eight populations, each fitted on its 2-node logs."""
+    from calib.calibrate.netcheck import populations
+
+    pops = populations(samples)
+    assert {(v, s) for v, s, _ in pops} == set(SELFCHECK_MEDIAN)
+    for version, setup, pop in pops:
+        assert pop["setup"].nunique() == 1 and pop["nccl_version"].nunique() == 1
+        s = summary(selfcheck(pop, topology=POLARIS_TOPOLOGY))
+        assert s["points"] == 33 and s["median_abs_error"] <= SELFCHECK_MEDIAN[(version, setup)], (
+            version,
+            setup,
+        )
+
+
 def test_collective_time_s_uses_the_model_and_needs_no_curve_for_one_gpu(nets):
     cal = Calibration(system="x", gpus_per_node=4, peak_tflops=None)
     assert float(cal.collective_time_s("allreduce", 1e6, 1)) == 0.0  # no curves, no group: 0
