@@ -130,3 +130,21 @@ def test_bad_log_is_refused_in_one_line_and_skip_bad_ingests_the_rest(tmp_path, 
     assert len(files) == 14 and not any(f.endswith("all_reduce_output.dat.3") for f in files)
     n_ar = run.table("samples").query("collective == 'allreduce'")["setup"]
     assert sorted(np.unique(n_ar)) == [1, 2, 4, 5]
+
+
+def test_analytic_model_times_every_collective_with_the_network_model(store):
+    """group_time_s (what calib predict/search use) across 540 nodes is the fitted NCCL
+    model's time, for the measured collectives and for the derived ones alike."""
+    from calib.analytic.comm import group_time_s
+    from calib.calibrate.calibration import Calibration
+
+    cal = Calibration.load(store / "polaris" / "polaris.calib.json")
+    S = np.array([2.0**20, 2.0**26, 2.0**30])
+    for coll in NAMES:
+        t = group_time_s(cal, coll, S, 2160, 4)
+        np.testing.assert_allclose(t, cal.network[coll].model_time_s(S, 2160.0)[0], rtol=1e-12)
+    # a DP all-reduce over 540 nodes with one rank per node puts a full node's bytes on the NICs
+    t1 = group_time_s(cal, "allreduce", S, 540, 1)
+    np.testing.assert_allclose(
+        t1, cal.network["allreduce"].model_time_s(S * 4 * (539 / 540) / (2159 / 2160), 2160.0)[0]
+    )
