@@ -141,34 +141,61 @@ def fit_attention(runs: Sequence[RunFacts]) -> tuple[Param, Param]:
     )
 
 
-def fit_stream(runs: Sequence[RunFacts]) -> tuple[Param, Param]:
-    """Achieved bandwidth (input bytes) and fixed seconds per kernel of memory-bound kernels."""
+STREAM_KINDS = {"act": ("d", "ffn"), "weight": ("param", "embed"), "vocab": ("vocab",)}
+
+
+def fit_stream(runs: Sequence[RunFacts]) -> dict[str, Param]:
+    """Achieved bandwidth (input bytes) of memory-bound kernels per kind -- element-wise
+    work on activations, casts and adds on weights, reductions over logits -- and one
+    fixed seconds per kernel, by non-negative least squares on absolute seconds (the
+    groups that take the time decide)."""
+    kinds = list(STREAM_KINDS)
     rows = []
     for f in runs:
-        for g in ("d", "ffn", "vocab", "param", "embed"):
-            r = f.groups.loc[g]
-            if r["seconds"] > 0 and r["bytes"] > 0:
-                rows.append((r["bytes"], r["kernels"], r["seconds"]))
+        for j, kind in enumerate(kinds):
+            for g in STREAM_KINDS[kind]:
+                r = f.groups.loc[g]
+                if r["seconds"] > 0 and r["bytes"] > 0:
+                    x = np.zeros(len(kinds) + 1)
+                    x[j], x[-1] = r["bytes"] / 1e12, r["kernels"]
+                    rows.append((*x, r["seconds"]))
     X = np.array(rows, dtype=float)
-    if len(X) < 3:
-        return (Param(2.0, unit="TB/s", status=DEFAULT, note="too few sized memory-bound kernels"),
-                Param(3e-6, unit="s", status=DEFAULT, note="too few sized memory-bound kernels"))  # fmt: skip
-    # absolute seconds: the groups that take the time decide the bandwidth
-    A = np.column_stack([X[:, 0] / 1e12, X[:, 1]])
-    c, _ = nnls(A, X[:, 2])
-    se = _se(A, A @ c - X[:, 2])
-    inv_bw, t0 = c
-    bw = 1.0 / inv_bw
-    return (Param(float(bw), float(se[0] * bw * bw), "TB/s"), Param(float(t0), float(se[1]), "s"))
+    if len(X) < len(kinds) + 2:
+        note = "too few sized memory-bound kernels"
+        return {"act": Param(2.0, unit="TB/s", status=DEFAULT, note=note),
+                "t0": Param(3e-6, unit="s", status=DEFAULT, note=note)}  # fmt: skip
+    A, y = X[:, :-1], X[:, -1]
+    c, _ = nnls(A, y)
+    se = _se(A, A @ c - y)
+    out = {}
+    for j, kind in enumerate(kinds):
+        if c[j] > 0 and np.count_nonzero(A[:, j]):
+            bw = 1.0 / c[j]
+            out[kind] = Param(float(bw), float(se[j] * bw * bw), "TB/s")
+    out.setdefault("act", Param(2.0, unit="TB/s", status=DEFAULT, note="no activation kernels with sizes"))
+    out["t0"] = Param(float(c[-1]), float(se[-1]), "s")
+    return out
 
 
-def fit_optimizer(runs: Sequence[RunFacts]) -> Param:
-    bws = [f.params * ADAM_BYTES_PER_PARAM[f.weights] / f.class_s["optimizer"] / 1e12
+def fit_optimizer(runs: Sequence[RunFacts]) -> tuple[Param, Param | None]:
+    """The fused optimizer step: a fixed cost per step plus the Adam state bytes at an
+    achieved bandwidth (least squares over runs of several sizes); the mean bandwidth
+    alone from fewer than three runs."""
+    pts = [(f.params * ADAM_BYTES_PER_PARAM[f.weights], f.class_s["optimizer"])
            for f in runs if f.class_s.get("optimizer", 0) > 0]  # fmt: skip
-    if not bws:
-        return Param(2.0, unit="TB/s", status=DEFAULT, note="no fused optimizer kernels traced")
+    if not pts:
+        return Param(2.0, unit="TB/s", status=DEFAULT, note="no fused optimizer kernels traced"), None
+    b, t = np.array(pts).T
+    if len(pts) >= 3:
+        A = np.column_stack([np.ones_like(b), b / 1e12])
+        c, _ = nnls(A, t)
+        if c[1] > 0:
+            se = _se(A, A @ c - t)
+            bw = 1.0 / c[1]
+            return Param(float(bw), float(se[1] * bw * bw), "TB/s"), Param(float(c[0]), float(se[0]), "s")
+    bws = b / t / 1e12
     se = float(np.std(bws, ddof=1) / np.sqrt(len(bws))) if len(bws) > 1 else None
-    return Param(float(np.mean(bws)), se, "TB/s")
+    return Param(float(np.mean(bws)), se, "TB/s"), None
 
 
 # ---- families -------------------------------------------------------------------------
@@ -306,8 +333,7 @@ def fit_host(
         phi = Param(stated_overhead, unit="", status=FIXED, note="stated (profiler_overhead)")
     else:
         bound = max([f.host_issue_s / f.step_s - 1.0 for f in timed] + [0.0])
-        phi = Param(bound, unit="", status=UNIDENTIFIABLE,
-                    note="no host-bound run: the smallest overhead consistent with the runs (a lower bound)")  # fmt: skip
+        phi = Param(bound, unit="", status=UNIDENTIFIABLE, note=OVERHEAD_LOWER_BOUND)
         notes.append(f"profiler overhead not identifiable (no host-bound run): lower bound {bound:.1%} used")
     c = host_per_op(timed, phi.value, None)
     return c, gap, phi, notes
@@ -333,6 +359,22 @@ def host_per_op(runs: Sequence[RunFacts], phi: float, family: str | None) -> Par
     return p
 
 
+OVERHEAD_LOWER_BOUND = "no host-bound run: the smallest overhead consistent with the runs (a lower bound)"
+
+
+def overhead_is_lower_bound(dm: DeviceModel) -> bool:
+    """No host-bound run fixed the profiler overhead: host times are upper bounds."""
+    return dm.profiler_overhead.note == OVERHEAD_LOWER_BOUND
+
+
+def host_free(dm: DeviceModel) -> DeviceModel:
+    """The model with an instant host: the device-bound floor of every step."""
+    zero = Param(0.0, unit="s", status=FIXED, note="host-free floor")
+    return replace(
+        dm, host_s_per_op=zero, families=tuple(replace(f, host_s_per_op=zero) for f in dm.families)
+    )
+
+
 def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_tflops: float, hbm_tbps: float,
                peak_source: str, stated_overhead: float | None = None) -> DeviceModel:  # fmt: skip
     """Every term of the device model from ``runs`` (and benchmark samples)."""
@@ -342,8 +384,9 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
         notes.append(f"left out of the fit (physics warnings at ingest): kernel classes {', '.join(flagged)}")
     gemm = fit_gemm(gemm_points(runs, bench))
     c1, c2 = fit_attention(runs)
-    bw, t0 = fit_stream(runs)
-    opt = fit_optimizer(runs)
+    kinds = fit_stream(runs)
+    bw, t0 = kinds["act"], kinds["t0"]
+    opt, opt_fixed = fit_optimizer(runs)
     act, logit = fit_memory(runs, sorted({f.family_key for f in runs}))
     host, gap, phi, host_notes = fit_host(runs, stated_overhead)
     fams = tuple(
@@ -353,6 +396,7 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
     return DeviceModel(
         device=device, peak_tflops=peak_tflops, hbm_tbps=hbm_tbps, peak_source=peak_source, gemm=gemm,
         attn_s_per_flop=c1, attn_s_per_io=c2, stream_tbps=bw, kernel_fixed_s=t0, optimizer_tbps=opt,
+        weight_tbps=kinds.get("weight"), vocab_tbps=kinds.get("vocab"), optimizer_fixed_s=opt_fixed,
         host_s_per_op=host, step_gap_s=gap, profiler_overhead=phi, logit_bytes=logit, families=fams,
         notes=tuple(notes),
     )  # fmt: skip
@@ -380,6 +424,7 @@ def check_runs(
     stores and ``calib validate --runs`` prints."""
     rows = []
     loo_sig: dict[str, float] = {}
+    hinges: dict[str, float] = {}
     for f in runs:
         step_in, mem_in = _predict(dm, f)
         rest = [g for g in runs if g.name != f.name]
@@ -390,6 +435,9 @@ def check_runs(
             if not f.peak_mem_bytes:  # memory terms from reference constants: no held-out check
                 mem_loo = None
             loo_sig[f.name] = param_sigma(loo, f)
+            floor = _predict(host_free(loo), f)[0]
+            if overhead_is_lower_bound(loo) and step_loo > floor * (1.0 + 1e-9):
+                hinges[f.name] = floor  # host-bound on an overhead known only from below
         rows.append({
             "run": f.name, "family": f.family_key, "measured_step_s": f.step_s, "insample_step_s": step_in,
             "loo_step_s": step_loo, "measured_mem_gb": f.peak_mem_bytes / 1e9 if f.peak_mem_bytes else None,
@@ -397,16 +445,31 @@ def check_runs(
             "profiled_wall_s": f.wall_s,
             "profiler_overhead": (f.wall_s / f.step_s - 1.0) if f.step_s else None,
         })  # fmt: skip
+    for r in rows:
+        if r["run"] in hinges:
+            r["loo_floor_s"] = hinges[r["run"]]
     errs = {r["run"]: r["loo_step_s"] / r["measured_step_s"] - 1.0 for r in rows
             if r["loo_step_s"] and r["measured_step_s"]}  # fmt: skip
     for r in rows:
         if r["run"] in errs:
-            others = [e for k, e in errs.items() if k != r["run"]]
+            # model-error samples: the other runs whose prediction did not rest on the
+            # unidentified overhead (that term's range enters as the floor instead)
+            others = [e for k, e in errs.items() if k != r["run"] and k not in hinges]
             half = float(interval_half_width(loo_sig.get(r["run"], 0.0), others))
-            r["loo_interval_rel"] = half
-            lo, hi = r["loo_step_s"] * (1.0 - half), r["loo_step_s"] * (1.0 + half)
-            r["loo_inside"] = bool(lo <= r["measured_step_s"] <= hi)
+            lo, hi = band(r["loo_step_s"], half, r.get("loo_floor_s"))
+            r.update(loo_interval_rel=half, loo_lo_s=lo, loo_hi_s=hi,
+                     loo_inside=bool(lo <= r["measured_step_s"] <= hi))  # fmt: skip
     return tuple(rows)
+
+
+def band(step_s, half, floor_s=None):
+    """The interval [step (1 - h), step (1 + h)], its lower end extended down to the
+    device-bound floor when the step is host-bound on a lower-bound overhead."""
+    step_s = np.asarray(step_s, dtype=float)
+    lo = step_s * (1.0 - half)
+    if floor_s is not None:
+        lo = np.minimum(lo, np.asarray(floor_s, dtype=float) * (1.0 - half))
+    return (float(lo), float(step_s * (1.0 + half))) if lo.ndim == 0 else (lo, step_s * (1.0 + half))
 
 
 def loo_rel_errors(dm: DeviceModel) -> np.ndarray:
@@ -414,7 +477,7 @@ def loo_rel_errors(dm: DeviceModel) -> np.ndarray:
     e = [
         r["loo_step_s"] / r["measured_step_s"] - 1.0
         for r in dm.runs
-        if r.get("loo_step_s") and r.get("measured_step_s")
+        if r.get("loo_step_s") and r.get("measured_step_s") and r.get("loo_floor_s") is None
     ]
     return np.asarray(e, dtype=float)
 

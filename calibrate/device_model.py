@@ -148,6 +148,11 @@ class DeviceModel:
     families: tuple[Family, ...] = ()
     runs: tuple[Mapping[str, Any], ...] = ()  # per-run fit table: measured, in-sample, leave-one-out
     notes: tuple[str, ...] = ()
+    #: achieved bandwidth of the kernels on weights (casts, gradient adds: long contiguous
+    #: tensors) and on logits (softmax, cross-entropy: reductions); None: ``stream_tbps``
+    weight_tbps: Param | None = None
+    vocab_tbps: Param | None = None
+    optimizer_fixed_s: Param | None = None  # per-step fixed cost of the fused optimizer
 
     def family(self, mlp: str) -> tuple[Family, str | None]:
         """The measured family for an MLP kind, or the nearest one with a note."""
@@ -182,6 +187,8 @@ class DeviceModel:
             attn_s_per_io=sc(self.attn_s_per_io, 1.0 / bs),
             stream_tbps=sc(self.stream_tbps, bs),
             optimizer_tbps=sc(self.optimizer_tbps, bs),
+            weight_tbps=None if self.weight_tbps is None else sc(self.weight_tbps, bs),
+            vocab_tbps=None if self.vocab_tbps is None else sc(self.vocab_tbps, bs),
         )
 
     @classmethod
@@ -218,6 +225,9 @@ class Shape:
 _DEVICE_TERMS = (
     "attn_s_per_flop",
     "stream_tbps",
+    "weight_tbps",
+    "vocab_tbps",
+    "optimizer_fixed_s",
     "kernel_fixed_s",
     "optimizer_tbps",
     "host_s_per_op",

@@ -30,6 +30,7 @@ from calib.calibrate.device_model import (
     DeviceModel,
     Family,
 )
+from calib.calibrate.params import Param
 from numpy.typing import ArrayLike
 
 
@@ -113,21 +114,26 @@ def stream_layer_s(dm: DeviceModel, fam: Family, T, d, ffn, t, sp, passes_fwd=1.
     return scale * (nbytes / (_bw(dm, fam) * 1e12) + fam.kernels_layer.value * _t0(dm, fam))
 
 
+def _kind_bw(dm: DeviceModel, fam: Family, kind: Param | None) -> float:
+    return kind.value if kind is not None else _bw(dm, fam)
+
+
 def head_stream_s(dm: DeviceModel, fam: Family, T, V, t) -> np.ndarray:
     """Loss and logit kernels (softmax, casts, cross-entropy) of one micro-batch."""
-    return _f(T) * _f(V) / _f(t) * fam.bytes_vocab.value / (_bw(dm, fam) * 1e12)
+    return _f(T) * _f(V) / _f(t) * fam.bytes_vocab.value / (_kind_bw(dm, fam, dm.vocab_tbps) * 1e12)
 
 
 def step_fixed_s(dm: DeviceModel, fam: Family, layer_params_gpu, embed_entries_gpu) -> np.ndarray:
     """Per-step memory-bound work on the weights: casts and gradient accumulation of the
     layers' parameters and of the embedding matrix (V x d entries), plus fixed kernels."""
     nbytes = _f(layer_params_gpu) * fam.bytes_param.value + _f(embed_entries_gpu) * fam.bytes_embed.value
-    return nbytes / (_bw(dm, fam) * 1e12) + fam.kernels_step.value * _t0(dm, fam)
+    return nbytes / (_kind_bw(dm, fam, dm.weight_tbps) * 1e12) + fam.kernels_step.value * _t0(dm, fam)
 
 
 def optimizer_s(dm: DeviceModel, fam: Family, params_opt) -> np.ndarray:
     """The fused Adam step over the parameters this GPU updates."""
-    return _f(params_opt) * ADAM_BYTES_PER_PARAM[fam.weights] / (dm.optimizer_tbps.value * 1e12)
+    fixed = dm.optimizer_fixed_s.value if dm.optimizer_fixed_s is not None else 0.0
+    return fixed + _f(params_opt) * ADAM_BYTES_PER_PARAM[fam.weights] / (dm.optimizer_tbps.value * 1e12)
 
 
 def host_s(dm: DeviceModel, fam: Family, layers, microbatches) -> np.ndarray:
