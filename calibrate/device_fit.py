@@ -28,6 +28,7 @@ from calib.calibrate.device_model import (
     DeviceModel,
     Family,
     GemmModel,
+    act_count,
     interval_half_width,
     perturbations,
 )
@@ -35,12 +36,13 @@ from calib.calibrate.params import DEFAULT, FITTED, FIXED, UNIDENTIFIABLE, FitQu
 from scipy.optimize import least_squares, nnls
 
 BENCH_MIN_S = 50e-6
-#: Reference activation memory (bytes kept per token, layer and unit of d) and logit bytes
-#: (per token and vocabulary entry) of the HF implementations, derived by
-#: fixtures/traces/h100/memory_reference.py from the peak memory measured on the H100
-#: reference runs (fixtures/traces/h100/measured_steps.json).  Used with status "default"
-#: when the traced runs of a system did not record their own peak memory.
-REFERENCE_ACT_BYTES_D = {"gelu/fp32-autocast": 88.5, "swiglu/bf16": 47.7}
+#: Reference activation memory: the measured peak over the hand-counted activation bytes
+#: (device_model.ACT_COUNT) per implementation family, and logit bytes per token and
+#: vocabulary entry, derived by fixtures/traces/h100/memory_reference.py from the peak
+#: memory measured on the H100 reference runs (fixtures/traces/h100/measured_steps.json).
+#: Used with status "default" when the traced runs of a system did not record their own
+#: peak memory; a family never measured takes its hand count as it is (scale 1).
+REFERENCE_ACT_SCALE = {"gelu/fp32-autocast": 1.427, "swiglu/bf16": 0.994}
 REFERENCE_LOGIT_BYTES = 12.1
 REFERENCE_SOURCE = "reference H100 runs (fixtures/traces/h100/measured_steps.json)"
 
@@ -263,7 +265,7 @@ def fit_families(
         out.append(Family(
             mlp=fs[0].mlp, weights=fs[0].weights, bytes_d=_mean_param(bd, "B"), bytes_ffn=_mean_param(bf, "B"),
             bytes_vocab=_mean_param(bv, "B"), bytes_param=_mean_param(bp, "B"), bytes_embed=_mean_param(be, "B"), kernels_layer=kl,
-            kernels_step=ks, host_ops_layer=hl, host_ops_step=hs, act_bytes_d=act[key], runs=tuple(f.name for f in fs),
+            kernels_step=ks, host_ops_layer=hl, host_ops_step=hs, act_scale=act[key], runs=tuple(f.name for f in fs),
         ))  # fmt: skip
     return tuple(out)
 
@@ -279,13 +281,15 @@ def fit_memory(runs: Sequence[RunFacts], keys: Sequence[str]) -> tuple[dict[str,
         A = np.zeros((len(measured), len(fams) + 1))
         y = np.zeros(len(measured))
         for i, f in enumerate(measured):
-            A[i, fams.index(f.family_key)] = f.T * f.L * f.d
+            A[i, fams.index(f.family_key)] = (
+                f.T * f.L * float(act_count(f.family_key, f.d, f.kv / f.a, f.ffn))
+            )
             A[i, -1] = f.T * f.V
             y[i] = f.peak_mem_bytes - f.params * STATIC_BYTES_PER_PARAM[f.weights]
         W = A / y[:, None]
         c, _ = nnls(W, np.ones(len(y)))
         se = _se(W, W @ c - 1.0)
-        act = {k: Param(float(c[i]), float(se[i]), "B") for i, k in enumerate(fams)}
+        act = {k: Param(float(c[i]), float(se[i]), "") for i, k in enumerate(fams)}
         logit = Param(float(c[-1]), float(se[-1]), "B")
     else:
         act, logit = (
@@ -294,8 +298,8 @@ def fit_memory(runs: Sequence[RunFacts], keys: Sequence[str]) -> tuple[dict[str,
         )
     for k in keys:
         if k not in act:
-            ref = REFERENCE_ACT_BYTES_D.get(k, REFERENCE_ACT_BYTES_D["gelu/fp32-autocast"])
-            act[k] = Param(ref, unit="B", status=DEFAULT,
+            ref = REFERENCE_ACT_SCALE.get(k, 1.0)
+            act[k] = Param(ref, unit="", status=DEFAULT,
                            note=f"no measured peak memory for {k}: from the {REFERENCE_SOURCE}")  # fmt: skip
     return act, logit
 
@@ -405,7 +409,9 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
 def _predict(dm: DeviceModel, f: RunFacts) -> tuple[float, float]:
     from calib.calibrate.device_step import single_gpu
 
-    p = single_gpu(dm, f.d, f.L, f.a, f.kv, f.ffn, f.s, f.V, f.b, f.mlp, tied=f.tied, params=f.params)
+    p = single_gpu(
+        dm, f.d, f.L, f.a, f.kv, f.ffn, f.s, f.V, f.b, f.mlp, tied=f.tied, params=f.params, weights=f.weights
+    )
     return float(p["step_s"]), float(p["mem_bytes"])
 
 

@@ -77,14 +77,14 @@ def test_peak_memory_within_ten_percent(fitted):
 def test_reference_memory_constants_follow_from_the_measurements():
     import importlib.util
 
-    from calib.calibrate.device_fit import REFERENCE_ACT_BYTES_D, REFERENCE_LOGIT_BYTES
+    from calib.calibrate.device_fit import REFERENCE_ACT_SCALE, REFERENCE_LOGIT_BYTES
 
     spec = importlib.util.spec_from_file_location("memref", H100 / "memory_reference.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     ref = mod.reference()
     assert ref.pop("logit") == REFERENCE_LOGIT_BYTES
-    assert ref == REFERENCE_ACT_BYTES_D
+    assert ref == REFERENCE_ACT_SCALE
 
 
 def test_predict_carries_the_interval_and_the_measured_step(fitted, tmp_path):
@@ -101,3 +101,26 @@ def test_predict_carries_the_interval_and_the_measured_step(fitted, tmp_path):
     assert row["iter_s_lo"] < row["iter_s"] < row["iter_s_hi"]
     assert row["iter_s_lo"] <= meas <= row["iter_s_hi"]
     assert abs(row["mem_total_gb"] / MEASURED["g760m-b8"]["peak_mem_gb"] - 1) <= 0.10
+
+
+def test_memory_leave_one_run_out_from_measured_peaks(fitted):
+    """With each run's measured peak, act_scale is fitted per family and every run is
+    predicted by a fit to the others: the Llama run, the only one of its family, then
+    rests on its hand count alone (scale 1)."""
+    from dataclasses import replace
+
+    from calib.calibrate import compute, device_facts, device_fit
+
+    _, store = fitted
+    runs = load_runs(system="h100-hf", store=store)
+    facts = [
+        replace(f, peak_mem_bytes=MEASURED[f.name]["peak_mem_gb"] * 1e9)
+        for f in (device_facts.facts(r) for r in runs if r.meta.kind == "trace")
+        if f is not None
+    ]
+    bench = compute.bench_gemm_samples(runs)
+    dm = device_fit.fit_device(facts, bench, "NVIDIA H100 80GB HBM3", 989.4, 3.35, "datasheet")
+    rows = device_fit.check_runs(dm, facts, bench)
+    errs = {r["run"]: r["loo_mem_gb"] / r["measured_mem_gb"] - 1 for r in rows}
+    assert max(abs(e) for e in errs.values()) <= 0.10, errs
+    assert abs(errs["llama-d1024-l16"]) <= 0.05, errs
