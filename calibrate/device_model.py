@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from calib.calibrate.params import DEFAULT, FitQuality, Param
+from calib.calibrate.params import FitQuality, Param
 from numpy.typing import ArrayLike
 
 ALIGN_ELEMS = 8  # cuBLAS tensor-core kernels need 16-byte aligned rows: 8 bf16 elements
