@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-from calib.calibrate.device_fit import band, host_free, loo_rel_errors, overhead_is_lower_bound
+from calib.calibrate.device_check import band, loo_rel_errors
+from calib.calibrate.device_fit import host_free, overhead_is_lower_bound
 from calib.calibrate.device_model import interval_half_width, perturbations
 
 LEVEL = 0.90

@@ -109,7 +109,7 @@ def test_memory_leave_one_run_out_from_measured_peaks(fitted):
     rests on its hand count alone (scale 1)."""
     from dataclasses import replace
 
-    from calib.calibrate import compute, device_facts, device_fit
+    from calib.calibrate import compute, device_check, device_facts, device_fit
 
     _, store = fitted
     runs = load_runs(system="h100-hf", store=store)
@@ -120,7 +120,7 @@ def test_memory_leave_one_run_out_from_measured_peaks(fitted):
     ]
     bench = compute.bench_gemm_samples(runs)
     dm = device_fit.fit_device(facts, bench, "NVIDIA H100 80GB HBM3", 989.4, 3.35, "datasheet")
-    rows = device_fit.check_runs(dm, facts, bench)
+    rows = device_check.check_runs(dm, facts, bench)
     errs = {r["run"]: r["loo_mem_gb"] / r["measured_mem_gb"] - 1 for r in rows}
     assert max(abs(e) for e in errs.values()) <= 0.10, errs
     assert abs(errs["llama-d1024-l16"]) <= 0.05, errs
