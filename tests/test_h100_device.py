@@ -124,3 +124,24 @@ def test_memory_leave_one_run_out_from_measured_peaks(fitted):
     errs = {r["run"]: r["loo_mem_gb"] / r["measured_mem_gb"] - 1 for r in rows}
     assert max(abs(e) for e in errs.values()) <= 0.10, errs
     assert abs(errs["llama-d1024-l16"]) <= 0.05, errs
+
+
+def test_transfer_rule_scales_rates_with_peak_and_bandwidths_with_hbm(fitted):
+    """DeviceModel.on: FLOP-bound terms follow the peak ratio, byte-bound terms the HBM
+    ratio, host costs stay (docs/calibrate.md)."""
+    from calib.calibrate import device_step as D
+
+    model, _ = fitted
+    dm = model.device_model_
+    moved = dm.on(dm.peak_tflops * 2.0, dm.hbm_tbps * 1.5)
+    big = (8192.0, 8192.0, 8192.0)  # compute-bound GEMM: time - fixed halves
+    t0, t1 = dm.gemm.time_s(*big), moved.gemm.time_s(*big)
+    fixed = dm.gemm.fixed_s.value
+    assert (t1 - fixed) == pytest.approx((t0 - fixed) / 2.0, rel=1e-9)
+    fam, _ = dm.family("gelu")
+    s0 = D.stream_layer_s(dm, fam, 8192, 2048, 8192, 1.0, False)
+    s1 = D.stream_layer_s(moved, fam, 8192, 2048, 8192, 1.0, False)
+    kern = fam.kernels_layer.value * dm.kernel_fixed_s.value
+    assert (s1 - kern) == pytest.approx((s0 - kern) / 1.5, rel=1e-9)
+    assert D.optimizer_s(moved, fam, 1e9) < D.optimizer_s(dm, fam, 1e9)
+    assert D.host_s(moved, fam, 24, 1) == pytest.approx(D.host_s(dm, fam, 24, 1))

@@ -39,4 +39,19 @@ def render(dm: DeviceModel) -> list[str]:
             f"host {_v(f.host_s_per_op, 1e6, 'us/op', '.3g')}; activation memory x{_v(f.act_scale, digits='.3f')} "
             f"of the count ({', '.join(f.runs)})"
         )
+    if dm.runs:
+        L.append(
+            "  traced runs (unprofiled step, ms): measured / in-sample / leave-one-run-out [90% interval]"
+        )
+        for r in dm.runs:
+            meas = r.get("measured_step_s")
+            if not meas:
+                continue
+            loo = r.get("loo_step_s")
+            band = f" [{r['loo_lo_s'] * 1e3:.1f}..{r['loo_hi_s'] * 1e3:.1f}]" if r.get("loo_lo_s") else ""
+            L.append(
+                f"    {r['run']:<22} {meas * 1e3:8.1f} / {r['insample_step_s'] * 1e3:8.1f} "
+                f"({r['insample_step_s'] / meas - 1:+.1%}) / "
+                + (f"{loo * 1e3:8.1f} ({loo / meas - 1:+.1%}){band}" if loo else "-")
+            )
     return L
