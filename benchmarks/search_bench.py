@@ -13,6 +13,7 @@ Peers:
     NOT measured here.
 
 Run:  python benchmarks/search_bench.py [--repeat 5] [--loop-sample 2000]
+      [--calibration FILE --hardware dgx-h100]   (e.g. the H100 device model of docs/calibrate.md)
 """
 
 from __future__ import annotations
@@ -71,11 +72,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--loop-sample", type=int, default=2000)
+    ap.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="a fitted calibration (e.g. one with a GPU device model) instead of stated defaults",
+    )
+    ap.add_argument("--hardware", default="dgx-a100-80gb", help="hardware preset (default dgx-a100-80gb)")
     args = ap.parse_args()
 
     model = load_model("gpt3-175b")
-    hw = load_hardware("dgx-a100-80gb")
-    system = System(default_calibration(hw), hw)
+    hw = load_hardware(args.hardware)
+    if args.calibration:
+        from calib.analytic.machine import build_system
+        from calib.calibrate.calibration import Calibration
+
+        system, _ = build_system(Calibration.load(args.calibration), hw)
+        print(f"calibration {args.calibration} (device model: {system.cal.device_model is not None})")
+    else:
+        system = System(default_calibration(hw), hw)
     B = 1536
     cores = os.cpu_count() or 1
     print(

@@ -28,19 +28,19 @@ from calib.calibrate.device_model import (
     DeviceModel,
     Family,
     GemmModel,
-    interval_half_width,
-    perturbations,
+    act_count,
 )
 from calib.calibrate.params import DEFAULT, FITTED, FIXED, UNIDENTIFIABLE, FitQuality, Param
 from scipy.optimize import least_squares, nnls
 
 BENCH_MIN_S = 50e-6
-#: Reference activation memory (bytes kept per token, layer and unit of d) and logit bytes
-#: (per token and vocabulary entry) of the HF implementations, derived by
-#: fixtures/traces/h100/memory_reference.py from the peak memory measured on the H100
-#: reference runs (fixtures/traces/h100/measured_steps.json).  Used with status "default"
-#: when the traced runs of a system did not record their own peak memory.
-REFERENCE_ACT_BYTES_D = {"gelu/fp32-autocast": 88.5, "swiglu/bf16": 47.7}
+#: Reference activation memory: the measured peak over the hand-counted activation bytes
+#: (device_model.ACT_COUNT) per implementation family, and logit bytes per token and
+#: vocabulary entry, derived by fixtures/traces/h100/memory_reference.py from the peak
+#: memory measured on the H100 reference runs (fixtures/traces/h100/measured_steps.json).
+#: Used with status "default" when the traced runs of a system did not record their own
+#: peak memory; a family never measured takes its hand count as it is (scale 1).
+REFERENCE_ACT_SCALE = {"gelu/fp32-autocast": 1.427, "swiglu/bf16": 0.994}
 REFERENCE_LOGIT_BYTES = 12.1
 REFERENCE_SOURCE = "reference H100 runs (fixtures/traces/h100/measured_steps.json)"
 
@@ -141,34 +141,61 @@ def fit_attention(runs: Sequence[RunFacts]) -> tuple[Param, Param]:
     )
 
 
-def fit_stream(runs: Sequence[RunFacts]) -> tuple[Param, Param]:
-    """Achieved bandwidth (input bytes) and fixed seconds per kernel of memory-bound kernels."""
+STREAM_KINDS = {"act": ("d", "ffn"), "weight": ("param", "embed"), "vocab": ("vocab",)}
+
+
+def fit_stream(runs: Sequence[RunFacts]) -> dict[str, Param]:
+    """Achieved bandwidth (input bytes) of memory-bound kernels per kind -- element-wise
+    work on activations, casts and adds on weights, reductions over logits -- and one
+    fixed seconds per kernel, by non-negative least squares on absolute seconds (the
+    groups that take the time decide)."""
+    kinds = list(STREAM_KINDS)
     rows = []
     for f in runs:
-        for g in ("d", "ffn", "vocab", "param", "embed"):
-            r = f.groups.loc[g]
-            if r["seconds"] > 0 and r["bytes"] > 0:
-                rows.append((r["bytes"], r["kernels"], r["seconds"]))
+        for j, kind in enumerate(kinds):
+            for g in STREAM_KINDS[kind]:
+                r = f.groups.loc[g]
+                if r["seconds"] > 0 and r["bytes"] > 0:
+                    x = np.zeros(len(kinds) + 1)
+                    x[j], x[-1] = r["bytes"] / 1e12, r["kernels"]
+                    rows.append((*x, r["seconds"]))
     X = np.array(rows, dtype=float)
-    if len(X) < 3:
-        return (Param(2.0, unit="TB/s", status=DEFAULT, note="too few sized memory-bound kernels"),
-                Param(3e-6, unit="s", status=DEFAULT, note="too few sized memory-bound kernels"))  # fmt: skip
-    # absolute seconds: the groups that take the time decide the bandwidth
-    A = np.column_stack([X[:, 0] / 1e12, X[:, 1]])
-    c, _ = nnls(A, X[:, 2])
-    se = _se(A, A @ c - X[:, 2])
-    inv_bw, t0 = c
-    bw = 1.0 / inv_bw
-    return (Param(float(bw), float(se[0] * bw * bw), "TB/s"), Param(float(t0), float(se[1]), "s"))
+    if len(X) < len(kinds) + 2:
+        note = "too few sized memory-bound kernels"
+        return {"act": Param(2.0, unit="TB/s", status=DEFAULT, note=note),
+                "t0": Param(3e-6, unit="s", status=DEFAULT, note=note)}  # fmt: skip
+    A, y = X[:, :-1], X[:, -1]
+    c, _ = nnls(A, y)
+    se = _se(A, A @ c - y)
+    out = {}
+    for j, kind in enumerate(kinds):
+        if c[j] > 0 and np.count_nonzero(A[:, j]):
+            bw = 1.0 / c[j]
+            out[kind] = Param(float(bw), float(se[j] * bw * bw), "TB/s")
+    out.setdefault("act", Param(2.0, unit="TB/s", status=DEFAULT, note="no activation kernels with sizes"))
+    out["t0"] = Param(float(c[-1]), float(se[-1]), "s")
+    return out
 
 
-def fit_optimizer(runs: Sequence[RunFacts]) -> Param:
-    bws = [f.params * ADAM_BYTES_PER_PARAM[f.weights] / f.class_s["optimizer"] / 1e12
+def fit_optimizer(runs: Sequence[RunFacts]) -> tuple[Param, Param | None]:
+    """The fused optimizer step: a fixed cost per step plus the Adam state bytes at an
+    achieved bandwidth (least squares over runs of several sizes); the mean bandwidth
+    alone from fewer than three runs."""
+    pts = [(f.params * ADAM_BYTES_PER_PARAM[f.weights], f.class_s["optimizer"])
            for f in runs if f.class_s.get("optimizer", 0) > 0]  # fmt: skip
-    if not bws:
-        return Param(2.0, unit="TB/s", status=DEFAULT, note="no fused optimizer kernels traced")
+    if not pts:
+        return Param(2.0, unit="TB/s", status=DEFAULT, note="no fused optimizer kernels traced"), None
+    b, t = np.array(pts).T
+    if len(pts) >= 3:
+        A = np.column_stack([np.ones_like(b), b / 1e12])
+        c, _ = nnls(A, t)
+        if c[1] > 0:
+            se = _se(A, A @ c - t)
+            bw = 1.0 / c[1]
+            return Param(float(bw), float(se[1] * bw * bw), "TB/s"), Param(float(c[0]), float(se[0]), "s")
+    bws = b / t / 1e12
     se = float(np.std(bws, ddof=1) / np.sqrt(len(bws))) if len(bws) > 1 else None
-    return Param(float(np.mean(bws)), se, "TB/s")
+    return Param(float(np.mean(bws)), se, "TB/s"), None
 
 
 # ---- families -------------------------------------------------------------------------
@@ -236,7 +263,7 @@ def fit_families(
         out.append(Family(
             mlp=fs[0].mlp, weights=fs[0].weights, bytes_d=_mean_param(bd, "B"), bytes_ffn=_mean_param(bf, "B"),
             bytes_vocab=_mean_param(bv, "B"), bytes_param=_mean_param(bp, "B"), bytes_embed=_mean_param(be, "B"), kernels_layer=kl,
-            kernels_step=ks, host_ops_layer=hl, host_ops_step=hs, act_bytes_d=act[key], runs=tuple(f.name for f in fs),
+            kernels_step=ks, host_ops_layer=hl, host_ops_step=hs, act_scale=act[key], runs=tuple(f.name for f in fs),
         ))  # fmt: skip
     return tuple(out)
 
@@ -252,13 +279,15 @@ def fit_memory(runs: Sequence[RunFacts], keys: Sequence[str]) -> tuple[dict[str,
         A = np.zeros((len(measured), len(fams) + 1))
         y = np.zeros(len(measured))
         for i, f in enumerate(measured):
-            A[i, fams.index(f.family_key)] = f.T * f.L * f.d
+            A[i, fams.index(f.family_key)] = (
+                f.T * f.L * float(act_count(f.family_key, f.d, f.kv / f.a, f.ffn))
+            )
             A[i, -1] = f.T * f.V
             y[i] = f.peak_mem_bytes - f.params * STATIC_BYTES_PER_PARAM[f.weights]
         W = A / y[:, None]
         c, _ = nnls(W, np.ones(len(y)))
         se = _se(W, W @ c - 1.0)
-        act = {k: Param(float(c[i]), float(se[i]), "B") for i, k in enumerate(fams)}
+        act = {k: Param(float(c[i]), float(se[i]), "") for i, k in enumerate(fams)}
         logit = Param(float(c[-1]), float(se[-1]), "B")
     else:
         act, logit = (
@@ -267,8 +296,8 @@ def fit_memory(runs: Sequence[RunFacts], keys: Sequence[str]) -> tuple[dict[str,
         )
     for k in keys:
         if k not in act:
-            ref = REFERENCE_ACT_BYTES_D.get(k, REFERENCE_ACT_BYTES_D["gelu/fp32-autocast"])
-            act[k] = Param(ref, unit="B", status=DEFAULT,
+            ref = REFERENCE_ACT_SCALE.get(k, 1.0)
+            act[k] = Param(ref, unit="", status=DEFAULT,
                            note=f"no measured peak memory for {k}: from the {REFERENCE_SOURCE}")  # fmt: skip
     return act, logit
 
@@ -306,8 +335,7 @@ def fit_host(
         phi = Param(stated_overhead, unit="", status=FIXED, note="stated (profiler_overhead)")
     else:
         bound = max([f.host_issue_s / f.step_s - 1.0 for f in timed] + [0.0])
-        phi = Param(bound, unit="", status=UNIDENTIFIABLE,
-                    note="no host-bound run: the smallest overhead consistent with the runs (a lower bound)")  # fmt: skip
+        phi = Param(bound, unit="", status=UNIDENTIFIABLE, note=OVERHEAD_LOWER_BOUND)
         notes.append(f"profiler overhead not identifiable (no host-bound run): lower bound {bound:.1%} used")
     c = host_per_op(timed, phi.value, None)
     return c, gap, phi, notes
@@ -333,6 +361,22 @@ def host_per_op(runs: Sequence[RunFacts], phi: float, family: str | None) -> Par
     return p
 
 
+OVERHEAD_LOWER_BOUND = "no host-bound run: the smallest overhead consistent with the runs (a lower bound)"
+
+
+def overhead_is_lower_bound(dm: DeviceModel) -> bool:
+    """No host-bound run fixed the profiler overhead: host times are upper bounds."""
+    return dm.profiler_overhead.note == OVERHEAD_LOWER_BOUND
+
+
+def host_free(dm: DeviceModel) -> DeviceModel:
+    """The model with an instant host: the device-bound floor of every step."""
+    zero = Param(0.0, unit="s", status=FIXED, note="host-free floor")
+    return replace(
+        dm, host_s_per_op=zero, families=tuple(replace(f, host_s_per_op=zero) for f in dm.families)
+    )
+
+
 def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_tflops: float, hbm_tbps: float,
                peak_source: str, stated_overhead: float | None = None) -> DeviceModel:  # fmt: skip
     """Every term of the device model from ``runs`` (and benchmark samples)."""
@@ -342,8 +386,9 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
         notes.append(f"left out of the fit (physics warnings at ingest): kernel classes {', '.join(flagged)}")
     gemm = fit_gemm(gemm_points(runs, bench))
     c1, c2 = fit_attention(runs)
-    bw, t0 = fit_stream(runs)
-    opt = fit_optimizer(runs)
+    kinds = fit_stream(runs)
+    bw, t0 = kinds["act"], kinds["t0"]
+    opt, opt_fixed = fit_optimizer(runs)
     act, logit = fit_memory(runs, sorted({f.family_key for f in runs}))
     host, gap, phi, host_notes = fit_host(runs, stated_overhead)
     fams = tuple(
@@ -353,85 +398,7 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
     return DeviceModel(
         device=device, peak_tflops=peak_tflops, hbm_tbps=hbm_tbps, peak_source=peak_source, gemm=gemm,
         attn_s_per_flop=c1, attn_s_per_io=c2, stream_tbps=bw, kernel_fixed_s=t0, optimizer_tbps=opt,
+        weight_tbps=kinds.get("weight"), vocab_tbps=kinds.get("vocab"), optimizer_fixed_s=opt_fixed,
         host_s_per_op=host, step_gap_s=gap, profiler_overhead=phi, logit_bytes=logit, families=fams,
         notes=tuple(notes),
     )  # fmt: skip
-
-
-def _predict(dm: DeviceModel, f: RunFacts) -> tuple[float, float]:
-    from calib.calibrate.device_step import single_gpu
-
-    p = single_gpu(dm, f.d, f.L, f.a, f.kv, f.ffn, f.s, f.V, f.b, f.mlp, tied=f.tied, params=f.params)
-    return float(p["step_s"]), float(p["mem_bytes"])
-
-
-def param_sigma(dm: DeviceModel, f: RunFacts) -> float:
-    """Relative standard error of a run's predicted step from the fitted terms' errors."""
-    base, _ = _predict(dm, f)
-    return float(np.sqrt(sum((_predict(p, f)[0] / base - 1.0) ** 2 for p in perturbations(dm))))
-
-
-def check_runs(
-    dm: DeviceModel, runs: Sequence[RunFacts], bench: pd.DataFrame, **fit_args
-) -> tuple[dict, ...]:
-    """In-sample and leave-one-run-out predictions of every run's unprofiled step time
-    (and peak memory when measured), with each leave-one-out prediction's 90 % interval
-    (the left-out run's own error never enters it): the honesty table ``calib fit``
-    stores and ``calib validate --runs`` prints."""
-    rows = []
-    loo_sig: dict[str, float] = {}
-    for f in runs:
-        step_in, mem_in = _predict(dm, f)
-        rest = [g for g in runs if g.name != f.name]
-        step_loo = mem_loo = None
-        if rest:
-            loo = fit_device(rest, bench, dm.device, dm.peak_tflops, dm.hbm_tbps, dm.peak_source, **fit_args)
-            step_loo, mem_loo = _predict(loo, f)
-            if not f.peak_mem_bytes:  # memory terms from reference constants: no held-out check
-                mem_loo = None
-            loo_sig[f.name] = param_sigma(loo, f)
-        rows.append({
-            "run": f.name, "family": f.family_key, "measured_step_s": f.step_s, "insample_step_s": step_in,
-            "loo_step_s": step_loo, "measured_mem_gb": f.peak_mem_bytes / 1e9 if f.peak_mem_bytes else None,
-            "insample_mem_gb": mem_in / 1e9, "loo_mem_gb": None if mem_loo is None else mem_loo / 1e9,
-            "profiled_wall_s": f.wall_s,
-            "profiler_overhead": (f.wall_s / f.step_s - 1.0) if f.step_s else None,
-        })  # fmt: skip
-    errs = {r["run"]: r["loo_step_s"] / r["measured_step_s"] - 1.0 for r in rows
-            if r["loo_step_s"] and r["measured_step_s"]}  # fmt: skip
-    for r in rows:
-        if r["run"] in errs:
-            others = [e for k, e in errs.items() if k != r["run"]]
-            half = float(interval_half_width(loo_sig.get(r["run"], 0.0), others))
-            r["loo_interval_rel"] = half
-            lo, hi = r["loo_step_s"] * (1.0 - half), r["loo_step_s"] * (1.0 + half)
-            r["loo_inside"] = bool(lo <= r["measured_step_s"] <= hi)
-    return tuple(rows)
-
-
-def loo_rel_errors(dm: DeviceModel) -> np.ndarray:
-    """Relative leave-one-run-out errors of the step time (the interval's empirical part)."""
-    e = [
-        r["loo_step_s"] / r["measured_step_s"] - 1.0
-        for r in dm.runs
-        if r.get("loo_step_s") and r.get("measured_step_s")
-    ]
-    return np.asarray(e, dtype=float)
-
-
-def summary(dm: DeviceModel) -> str:
-    """One line: how well the device model predicts the traced runs' unprofiled steps."""
-    ins = [abs(r["insample_step_s"] / r["measured_step_s"] - 1) for r in dm.runs if r.get("measured_step_s")]
-    loo = np.abs(loo_rel_errors(dm))
-    if not ins:
-        return f"device model of {dm.device} fitted from {len(dm.runs)} run(s); no unprofiled step times to check it"
-    text = (f"device model: unprofiled step time of {len(ins)} traced run(s) in-sample median {np.median(ins):.1%} "
-            f"max {max(ins):.1%}")  # fmt: skip
-    if len(loo):
-        text += f"; leave-one-run-out median {np.median(loo):.1%} max {np.max(loo):.1%}"
-        inside = [r["loo_inside"] for r in dm.runs if "loo_inside" in r]
-        halves = [r["loo_interval_rel"] for r in dm.runs if "loo_interval_rel" in r]
-        if inside:
-            text += (f", {sum(inside)}/{len(inside)} inside their 90 % interval "
-                     f"(median half-width {np.median(halves):.1%})")  # fmt: skip
-    return text + " (per-run table: validation against the system's runs)"

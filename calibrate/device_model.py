@@ -48,6 +48,23 @@ STATIC_BYTES_PER_PARAM = {FP32_AUTOCAST: 4.0 + 8.0 + 2.0, BF16: 2.0 + 4.0}
 #: gradients appear during backward while activations are freed; after backward they are
 #: all present: weights + Adam + gradients (+ the fused step's scratch, not modelled)
 GRAD_BYTES_PER_PARAM = {FP32_AUTOCAST: 4.0, BF16: 2.0}
+#: Activation bytes autograd keeps per token and layer, counted by hand from the HF
+#: implementations (docs/calibrate.md): (per unit of d, per unit of d x kv/a, per unit of
+#: ffn).  GPT-2 under autocast: layer-norm inputs in fp32 (4d each), bf16 copies of the
+#: linears' inputs, sdpa's q, k, v and output, GELU-tanh's four saved tensors (8 ffn) and
+#: the down projection's input.  Llama in bf16: RMSNorm's fp32 input and bf16 copies, the
+#: same attention tensors, SwiGLU's gate, up, silu and product (8 ffn).  A fitted scale
+#: (Family.act_scale) carries what the count misses.
+ACT_COUNT = {f"{GELU}/{FP32_AUTOCAST}": (18.0, 4.0, 10.0), f"{SWIGLU}/{BF16}": (22.0, 4.0, 8.0)}
+
+
+def act_count(key: str, d: ArrayLike, kv_frac: ArrayLike, ffn: ArrayLike) -> np.ndarray:
+    """Hand-counted activation bytes per token and layer of family ``key`` (the same MLP
+    kind's count for an implementation never counted)."""
+    c = ACT_COUNT.get(key) or next((v for k, v in ACT_COUNT.items() if k.split("/")[0] == key.split("/")[0]),
+                                   ACT_COUNT[f"{GELU}/{FP32_AUTOCAST}"])  # fmt: skip
+    d = np.asarray(d, dtype=float)
+    return c[0] * d + c[1] * d * np.asarray(kv_frac, dtype=float) + c[2] * np.asarray(ffn, dtype=float)
 
 
 def _p(d: Mapping[str, Any] | None) -> Param | None:
@@ -108,7 +125,7 @@ class Family:
     kernels_step: Param  # memory-bound kernels per step outside the layers
     host_ops_layer: Param  # host operators (all nesting levels) per layer
     host_ops_step: Param  # host operators per step outside the layers
-    act_bytes_d: Param  # activation bytes kept for backward per token-layer per unit of d
+    act_scale: Param  # measured activation memory over the hand count (ACT_COUNT)
     host_s_per_op: Param | None = None  # unprofiled host seconds per operator (None: the device's)
     stream_tbps: Param | None = (
         None  # achieved bandwidth of this family's memory-bound kernels (None: the device's)
@@ -148,16 +165,31 @@ class DeviceModel:
     families: tuple[Family, ...] = ()
     runs: tuple[Mapping[str, Any], ...] = ()  # per-run fit table: measured, in-sample, leave-one-out
     notes: tuple[str, ...] = ()
+    #: achieved bandwidth of the kernels on weights (casts, gradient adds: long contiguous
+    #: tensors) and on logits (softmax, cross-entropy: reductions); None: ``stream_tbps``
+    weight_tbps: Param | None = None
+    vocab_tbps: Param | None = None
+    optimizer_fixed_s: Param | None = None  # per-step fixed cost of the fused optimizer
 
-    def family(self, mlp: str) -> tuple[Family, str | None]:
-        """The measured family for an MLP kind, or the nearest one with a note."""
-        same = [f for f in self.families if f.mlp == mlp]
-        if same:
-            return same[0], None
+    def family(self, mlp: str, weights: str | None = None) -> tuple[Family, str | None]:
+        """The measured family for an MLP kind (and weight precision, when given), or a
+        stand-in with a note: the nearest family's memory-bound work and host ops, the
+        requested MLP and precision, and the hand-counted activation memory (scale 1)."""
+        fits = [f for f in self.families if f.mlp == mlp and (weights is None or f.weights == weights)]
+        if fits:
+            return fits[0], None
         if not self.families:
             raise ValueError("device model has no measured families")
-        f = self.families[0]
-        return f, f"no traced {mlp} model: memory-bound work and host ops taken from the {f.key} family"
+        near = [f for f in self.families if f.mlp == mlp] or [
+            f for f in self.families if f.weights == weights
+        ]
+        base = (near or list(self.families))[0]
+        want = f"{mlp}/{weights or base.weights}"
+        scale = Param(
+            1.0, unit="", status="default", note=f"no traced {want} model: activation memory as counted"
+        )
+        fam = replace(base, mlp=mlp, weights=weights or base.weights, act_scale=scale)
+        return fam, f"no traced {want} model: memory-bound work and host ops taken from the {base.key} family"
 
     def on(self, peak_tflops: float | None, hbm_tbps: float | None) -> DeviceModel:
         """The same model on other hardware: rates scale with the peak FLOP/s ratio,
@@ -182,6 +214,8 @@ class DeviceModel:
             attn_s_per_io=sc(self.attn_s_per_io, 1.0 / bs),
             stream_tbps=sc(self.stream_tbps, bs),
             optimizer_tbps=sc(self.optimizer_tbps, bs),
+            weight_tbps=None if self.weight_tbps is None else sc(self.weight_tbps, bs),
+            vocab_tbps=None if self.vocab_tbps is None else sc(self.vocab_tbps, bs),
         )
 
     @classmethod
@@ -218,6 +252,9 @@ class Shape:
 _DEVICE_TERMS = (
     "attn_s_per_flop",
     "stream_tbps",
+    "weight_tbps",
+    "vocab_tbps",
+    "optimizer_fixed_s",
     "kernel_fixed_s",
     "optimizer_tbps",
     "host_s_per_op",
@@ -225,7 +262,7 @@ _DEVICE_TERMS = (
 )
 _GEMM_TERMS = ("rate_tflops", "operand_tbps", "fixed_s", "unaligned_m", "unaligned_n", "unaligned_k")
 _FAMILY_TERMS = ("bytes_d", "bytes_ffn", "bytes_vocab", "bytes_param", "bytes_embed", "host_s_per_op", "stream_tbps",
-                 "kernel_fixed_s", "host_ops_layer", "act_bytes_d")  # fmt: skip
+                 "kernel_fixed_s", "host_ops_layer", "act_scale")  # fmt: skip
 
 
 def _bumped(p: Param | None) -> Param | None:

@@ -29,7 +29,9 @@ from calib.calibrate.device_model import (
     SWIGLU,
     DeviceModel,
     Family,
+    act_count,
 )
+from calib.calibrate.params import Param
 from numpy.typing import ArrayLike
 
 
@@ -113,21 +115,26 @@ def stream_layer_s(dm: DeviceModel, fam: Family, T, d, ffn, t, sp, passes_fwd=1.
     return scale * (nbytes / (_bw(dm, fam) * 1e12) + fam.kernels_layer.value * _t0(dm, fam))
 
 
+def _kind_bw(dm: DeviceModel, fam: Family, kind: Param | None) -> float:
+    return kind.value if kind is not None else _bw(dm, fam)
+
+
 def head_stream_s(dm: DeviceModel, fam: Family, T, V, t) -> np.ndarray:
     """Loss and logit kernels (softmax, casts, cross-entropy) of one micro-batch."""
-    return _f(T) * _f(V) / _f(t) * fam.bytes_vocab.value / (_bw(dm, fam) * 1e12)
+    return _f(T) * _f(V) / _f(t) * fam.bytes_vocab.value / (_kind_bw(dm, fam, dm.vocab_tbps) * 1e12)
 
 
 def step_fixed_s(dm: DeviceModel, fam: Family, layer_params_gpu, embed_entries_gpu) -> np.ndarray:
     """Per-step memory-bound work on the weights: casts and gradient accumulation of the
     layers' parameters and of the embedding matrix (V x d entries), plus fixed kernels."""
     nbytes = _f(layer_params_gpu) * fam.bytes_param.value + _f(embed_entries_gpu) * fam.bytes_embed.value
-    return nbytes / (_bw(dm, fam) * 1e12) + fam.kernels_step.value * _t0(dm, fam)
+    return nbytes / (_kind_bw(dm, fam, dm.weight_tbps) * 1e12) + fam.kernels_step.value * _t0(dm, fam)
 
 
 def optimizer_s(dm: DeviceModel, fam: Family, params_opt) -> np.ndarray:
     """The fused Adam step over the parameters this GPU updates."""
-    return _f(params_opt) * ADAM_BYTES_PER_PARAM[fam.weights] / (dm.optimizer_tbps.value * 1e12)
+    fixed = dm.optimizer_fixed_s.value if dm.optimizer_fixed_s is not None else 0.0
+    return fixed + _f(params_opt) * ADAM_BYTES_PER_PARAM[fam.weights] / (dm.optimizer_tbps.value * 1e12)
 
 
 def host_s(dm: DeviceModel, fam: Family, layers, microbatches) -> np.ndarray:
@@ -141,15 +148,22 @@ def step_s(gpu_s: ArrayLike, host: ArrayLike, dm: DeviceModel) -> np.ndarray:
     return np.maximum(_f(gpu_s) + dm.step_gap_s.value, _f(host))
 
 
+def act_layer_bytes(fam: Family, d, kv_frac, ffn) -> np.ndarray:
+    """Activation bytes kept per token and layer: the hand count times the fitted scale."""
+    return fam.act_scale.value * act_count(fam.key, d, kv_frac, ffn)
+
+
 def memory_bytes(
-    dm: DeviceModel, fam: Family, params_w, params_opt, params_grad, T, layers, d, V, t, acts_scale=1.0
-):
+    dm: DeviceModel, fam: Family, params_w, params_opt, params_grad, T, layers, d, V, t, acts_scale=1.0,
+    *, ffn=None, kv_frac=1.0,
+):  # fmt: skip
     """Peak memory per GPU: the larger of the forward peak (weights, optimizer states,
     activations, logits) and the end of backward (weights, states and gradients)."""
     w = _f(params_w) * (STATIC_BYTES_PER_PARAM[fam.weights] - (8.0 if fam.weights != "bf16" else 4.0))
     opt = _f(params_opt) * (8.0 if fam.weights != "bf16" else 4.0)
     grads = _f(params_grad) * GRAD_BYTES_PER_PARAM[fam.weights]
-    acts = fam.act_bytes_d.value * _f(T) * _f(layers) * _f(d) / _f(t) * _f(acts_scale)
+    ffn = 4.0 * _f(d) if ffn is None else _f(ffn)
+    acts = act_layer_bytes(fam, d, kv_frac, ffn) * _f(T) * _f(layers) / _f(t) * _f(acts_scale)
     logits = dm.logit_bytes.value * _f(T) * _f(V) / _f(t)
     fwd_peak = w + opt + acts + logits
     bwd_end = w + opt + grads
@@ -170,9 +184,9 @@ def model_params(d, L, a, kv, ffn, V, mlp: str, tied=True) -> np.ndarray:
 
 
 def single_gpu(dm: DeviceModel, d, L, a, kv, ffn, s, V, b, mlp: str, tied=True, flash=True,
-               params=None) -> dict[str, np.ndarray]:  # fmt: skip
+               params=None, weights: str | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """One training step on one GPU (no parallelism): time components, step and memory."""
-    fam, _ = dm.family(mlp)
+    fam, _ = dm.family(mlp, weights)
     T = _f(b) * _f(s)
     P = model_params(d, L, a, kv, ffn, V, mlp, tied) if params is None else _f(params)
     layer = (gemm_layer_s(dm, T, d, a, kv, ffn, 1.0, mlp) + attention_layer_s(dm, b, s, d, a, 1.0, flash)
@@ -181,5 +195,5 @@ def single_gpu(dm: DeviceModel, d, L, a, kv, ffn, s, V, b, mlp: str, tied=True, 
     emb = _f(V) * _f(d) * np.where(np.asarray(tied, dtype=bool), 1.0, 2.0)
     gpu = _f(L) * layer + head + step_fixed_s(dm, fam, P - emb, emb) + optimizer_s(dm, fam, P)
     host = host_s(dm, fam, L, 1.0)
-    mem = memory_bytes(dm, fam, P, P, P, T, L, d, V, 1.0)
+    mem = memory_bytes(dm, fam, P, P, P, T, L, d, V, 1.0, ffn=ffn, kv_frac=_f(kv) / _f(a))
     return {"step_s": step_s(gpu, host, dm), "gpu_s": gpu, "host_s": host, "mem_bytes": mem["total"]}

@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import scipy
-from calib.calibrate import compute, device_facts, device_fit
+from calib.calibrate import compute, device_check, device_facts, device_fit
 from calib.calibrate.calibration import Calibration, Param, Saturating
 from calib.calibrate.collectives import fit_series, size_series
 from calib.calibrate.device_model import DeviceModel
@@ -201,9 +201,9 @@ def _device_model(sel: Selection, samples: pd.DataFrame, peak_info, profiler_ove
         peak, hbm, source = 0.0, 0.0, "no datasheet and no benchmark: rates are absolute"
     stated = profiler_overhead - 1.0 if profiler_overhead else None
     dm = device_fit.fit_device(runs, samples, device, peak, hbm, source, stated_overhead=stated)
-    dm = replace(dm, runs=device_fit.check_runs(dm, runs, samples, stated_overhead=stated))
+    dm = replace(dm, runs=device_check.check_runs(dm, runs, samples, stated_overhead=stated))
     notes.extend(dm.notes)
-    notes.append(device_fit.summary(dm))
+    notes.append(device_check.summary(dm))
     return dm
 
 

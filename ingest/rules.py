@@ -38,7 +38,8 @@ KERNEL_CLASS_RULES: tuple[tuple[str, str], ...] = (
     (r"embedding|Embedding|indexSelect|index_select|EmbeddingBag|embedding_dense", "embedding"),
     (
         r"gemm|GEMM|Gemm|gemv|cublas|cutlass|matmul|xmma|wgmma|nvjet|Kernel2|"
-        r"^aten::(mm|addmm|bmm|baddbmm|_addmm_activation|addmv|mv|dot)$|mkldnn_matmul|onednn.*gemm",
+        r"^aten::(mm|addmm|bmm|baddbmm|_addmm_activation|addmv|mv|dot)$|mkldnn_matmul|onednn.*gemm"
+        r"|^triton_tem_fused_\w*(mm|addmm|bmm)",  # torch.compile's Triton matmul templates
         "gemm",
     ),
     (

@@ -65,7 +65,18 @@ def zero_bars(table: pd.DataFrame, zero: int) -> S.Drawn | None:
     ]
     fig.legend(handles, labels, loc="outside lower center", ncol=min(6, len(handles)), frameon=False)
     fig.suptitle(f"ZeRO-{zero}: predicted time per iteration and speedup (weak scaling)", fontsize=11)
-    cols = ["model", "zero", "gpus", "iter_s", *S.PREDICTED, "speedup", "scaling_eff", "oom"]
+    cols = [
+        "model",
+        "zero",
+        "gpus",
+        "iter_s",
+        "iter_s_lo",
+        "iter_s_hi",
+        *S.PREDICTED,
+        "speedup",
+        "scaling_eff",
+        "oom",
+    ]
     return S.Drawn(fig, df[[c for c in cols if c in df.columns]].reset_index(drop=True))
 
 

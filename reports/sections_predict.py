@@ -69,6 +69,11 @@ def strategy_section(p: Predictions) -> Section | None:
                     "tokens_per_s": "tokens/s", "tflops_per_gpu": "TFLOP/s/GPU", "mfu": "MFU",
                     "mem_total_gb": "mem GB/GPU"}  # fmt: skip
             view = s.top[list(cols)].rename(columns=cols)
+            if "iter_s_lo" in s.top:  # the device model's 90 % prediction interval
+                band = (
+                    s.top["iter_s_lo"].map("{:.4g}".format) + ".." + s.top["iter_s_hi"].map("{:.4g}".format)
+                )
+                view.insert(view.columns.get_loc("iter s") + 1, "90% interval s", band.to_numpy())
             view["MFU"] = view["MFU"] * 100
             blocks.append(Table("Ranked strategies", view.rename(columns={"MFU": "MFU %"})))
     if not blocks:

@@ -217,3 +217,22 @@ def test_generated_run_directory_with_sidecar(tmp_path):
     alone, _ = ingest(sorted(run.glob("rank*.pt.trace.json.gz")), IngestOptions())
     assert alone.framework.zero_stage is None and not alone.framework.stated
     assert len(tables["buckets"]) == 2 * 3  # ProfilerStep#2..#4 on each rank
+
+
+def test_gemm_kernel_names_of_cublas_cutlass_and_torch_compile():
+    """Matmul kernels are GEMMs whoever wrote them; Triton element-wise kernels are not."""
+    from calib.ingest.rules import DEFAULT_RULES
+
+    from calib.core.schema import KERNEL_CLASSES
+
+    names = [
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel",
+        "void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_32x1_nn_align1>(Params)",
+        "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT",
+        "triton_tem_fused_addmm_gelu_0",
+        "triton_tem_fused_mm_1",
+        "triton_poi_fused_add_gelu_2",
+        "triton_per_fused_add_native_layer_norm_3",
+    ]
+    got = [KERNEL_CLASSES[i] for i in DEFAULT_RULES.kernel_class(names)]
+    assert got == ["gemm"] * 5 + ["elementwise", "normalization"]

@@ -171,6 +171,10 @@ def render(cal: Calibration, *, brief: bool = False, nodes: tuple[int, ...] = DE
     _curve("GEMM efficiency", cal.gemm_efficiency_curve, L)
     for k, v in sorted(cal.dispatch.items()):
         L.append(f"  {k:<18} {_p(v, 1e6, '{:.2f}')} us" + (f"  ({v.note})" if v.note and not brief else ""))
+    if cal.device_model is not None:
+        from calib.commands.device_text import render as device_lines
+
+        L.extend(device_lines(cal.device_model))
     if cal.notes:
         L.append("\nNotes:")
         L.extend(f"  - {n}" for n in cal.notes)

@@ -40,12 +40,11 @@ def table(dm, measured: dict[str, dict]) -> pd.DataFrame:
         m = measured.get(r["run"], {})
         step = r.get("measured_step_s") or m.get("step_s_unprofiled_median")
         mem = r.get("measured_mem_gb") or m.get("peak_mem_gb")
-        half = r.get("loo_interval_rel")
         rows.append({
             "run": r["run"], "family": r["family"], "measured_ms": step * 1e3 if step else np.nan,
             "insample_ms": r["insample_step_s"] * 1e3, "loo_ms": (r.get("loo_step_s") or np.nan) * 1e3,
-            "loo_lo_ms": (r["loo_step_s"] * (1 - half) * 1e3) if half is not None else np.nan,
-            "loo_hi_ms": (r["loo_step_s"] * (1 + half) * 1e3) if half is not None else np.nan,
+            "loo_lo_ms": r["loo_lo_s"] * 1e3 if r.get("loo_lo_s") else np.nan,
+            "loo_hi_ms": r["loo_hi_s"] * 1e3 if r.get("loo_hi_s") else np.nan,
             "measured_mem_gb": mem if mem else np.nan, "insample_mem_gb": r.get("insample_mem_gb", np.nan),
             "loo_mem_gb": r.get("loo_mem_gb") or np.nan,
         })  # fmt: skip

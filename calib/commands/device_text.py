@@ -1,0 +1,57 @@
+"""The device model's fitted terms as ``calib fit`` / ``calib show`` print them."""
+
+from __future__ import annotations
+
+from calib.calibrate.device_model import DeviceModel
+from calib.calibrate.params import Param
+
+
+def _v(p: Param | None, scale: float = 1.0, unit: str = "", digits: str = ".4g") -> str:
+    if p is None:
+        return "-"
+    text = f"{p.value * scale:{digits}}"
+    if p.stderr:
+        text += f" ± {p.stderr * scale:{digits}}"
+    text += f" {unit}".rstrip()
+    return text + (f" [{p.status}]" if p.status != "fitted" else "")
+
+
+def render(dm: DeviceModel) -> list[str]:
+    g = dm.gemm
+    L = [
+        f"\nDevice model ({dm.device}; rates against {dm.peak_tflops:.4g} TFLOP/s, {dm.hbm_tbps:.4g} TB/s: {dm.peak_source}):",
+        f"  GEMM            rate {_v(g.rate_tflops, unit='TFLOP/s')}, operands {_v(g.operand_tbps, unit='TB/s')}, "
+        f"fixed {_v(g.fixed_s, 1e6, 'us', '.3g')}",
+        f"                  unaligned (dim not a multiple of 8) m x{_v(g.unaligned_m, digits='.3f')}, "
+        f"n x{_v(g.unaligned_n, digits='.3f')}, k x{_v(g.unaligned_k, digits='.3f')}",
+        f"  attention       {_v(dm.attn_s_per_flop, 1e15, 'fs', '.4g')} per b a s^2 h' (fused, fwd + bwd), "
+        f"{_v(dm.attn_s_per_io, 1e12, 'ps', '.3g')} per b a s h'",
+        f"  memory-bound    activations {_v(dm.stream_tbps, unit='TB/s')}, weights {_v(dm.weight_tbps, unit='TB/s')}, "
+        f"logits {_v(dm.vocab_tbps, unit='TB/s')}; per kernel {_v(dm.kernel_fixed_s, 1e6, 'us', '.3g')}",
+        f"  optimizer       {_v(dm.optimizer_tbps, unit='TB/s')} + {_v(dm.optimizer_fixed_s, 1e3, 'ms', '.3g')} per step",
+        f"  host            {_v(dm.host_s_per_op, 1e6, 'us/op', '.3g')} (unprofiled); step gap {_v(dm.step_gap_s, 1e3, 'ms', '.3g')}; "
+        f"profiler overhead {_v(dm.profiler_overhead, 100, '%', '.3g')}",
+        f"  logits memory   {_v(dm.logit_bytes, unit='B per token x vocabulary entry')}",
+    ]  # fmt: skip
+    for f in dm.families:
+        L.append(
+            f"  family {f.key:<20} streamed B per token-layer: {f.bytes_d.value:.4g} x d + {f.bytes_ffn.value:.4g} x ffn; "
+            f"host {_v(f.host_s_per_op, 1e6, 'us/op', '.3g')}; activation memory x{_v(f.act_scale, digits='.3f')} "
+            f"of the count ({', '.join(f.runs)})"
+        )
+    if dm.runs:
+        L.append(
+            "  traced runs (unprofiled step, ms): measured / in-sample / leave-one-run-out [90% interval]"
+        )
+        for r in dm.runs:
+            meas = r.get("measured_step_s")
+            if not meas:
+                continue
+            loo = r.get("loo_step_s")
+            band = f" [{r['loo_lo_s'] * 1e3:.1f}..{r['loo_hi_s'] * 1e3:.1f}]" if r.get("loo_lo_s") else ""
+            L.append(
+                f"    {r['run']:<22} {meas * 1e3:8.1f} / {r['insample_step_s'] * 1e3:8.1f} "
+                f"({r['insample_step_s'] / meas - 1:+.1%}) / "
+                + (f"{loo * 1e3:8.1f} ({loo / meas - 1:+.1%}){band}" if loo else "-")
+            )
+    return L
