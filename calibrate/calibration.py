@@ -171,8 +171,7 @@ class Calibration:
         net = self._network_for(coll)
         if net is not None and net.form == NCCL_FORM:
             # across nodes: NCCL's structure (calibrate.ncclmodel); inside a node: the curves
-            intra = [c for c in curves if c.n_nodes <= 1] or curves
-            intra_c = max(intra, key=lambda c: c.n_gpus)
+            intra_c = _intra_curve(curves)
             factor = busbw_factor(coll, n)
             factor = np.where(np.isnan(factor), 1.0, factor)
             lat, bw = intra_c.parts_s(nbytes)
@@ -182,9 +181,8 @@ class Calibration:
             return np.where(n <= 1, 0.0, t)
         factor = busbw_factor(coll, n)
         factor = np.where(np.isnan(factor), 1.0, factor)
-        intra = [c for c in curves if c.n_nodes <= 1] or curves
         inter = sorted([c for c in curves if c.n_nodes > 1] or curves, key=lambda c: c.n_gpus)
-        intra_c = max(intra, key=lambda c: c.n_gpus)
+        intra_c = _intra_curve(curves)
         lat, bw = intra_c.parts_s(nbytes)
         t_intra = lat + bw * factor / _curve_factor(intra_c)
         # across nodes: the closest measured scale at or below n (the smallest above it
@@ -349,6 +347,13 @@ class Calibration:
             return cls.from_json(raw)
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(path, f"malformed calibration: {exc}") from None
+
+
+def _intra_curve(curves: list[CollectiveCurve]) -> CollectiveCurve:
+    """Inside a node: the largest single-node curve; without one the smallest inter-node
+    curve (fewest hops across the NIC: the least pessimistic stand-in, as the fit notes)."""
+    intra = [c for c in curves if c.n_nodes <= 1]
+    return max(intra, key=lambda c: c.n_gpus) if intra else min(curves, key=lambda c: c.n_gpus)
 
 
 def _curve_factor(curve: CollectiveCurve) -> float:
