@@ -1,7 +1,7 @@
 """Fit a system: its runs and samples into one :class:`Calibration`.
 
 Network factors come from nccl-tests samples (:mod:`calibrate.collectives`,
-:mod:`calibrate.network`), compute factors from trace runs (:mod:`calibrate.compute`);
+:mod:`calibrate.netfit`), compute factors from trace runs (:mod:`calibrate.compute`);
 whatever the data cannot support keeps the stated default of ``Calibration.defaults``
 with status "default" and a note naming the data it needs.  The result depends only on
 the inputs (runs are read in sorted order, fits are deterministic); only ``created``

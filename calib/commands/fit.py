@@ -64,9 +64,10 @@ def fit(
     \b
     From nccl-tests samples: per collective and scale, the time against message size
     as piecewise alpha-beta (time = alpha [s] + bytes * bus factor / busbw [GB/s], one
-    segment per NCCL protocol regime) and eff_{g->n}, the large-message bus bandwidth at
-    n GPUs over that at the smallest measured multi-node job, from a per-ring-step
-    latency over a fixed NIC bandwidth.  From traces: k1 (kernel share of compute), k2
+    segment per NCCL protocol regime), and across nodes a model with NCCL's structure
+    (ring steps of the per-rank chunk, tree with NCCL's latency shape, all-to-all with the
+    hardware spec's topology contention; docs/network.md).  NCCL versions and setups are
+    never pooled: the note says which one the fit used.  From traces: k1 (kernel share of compute), k2
     (GEMM+attention share of kernel time) and GEMM efficiency as functions of FLOPs per
     matmul, and host dispatch seconds per operator.  Every parameter carries its
     standard error and status (fitted, default, unidentifiable, fixed); every fit its
