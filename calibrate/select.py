@@ -162,7 +162,7 @@ def _one_version(samples: pd.DataFrame, chosen: bool) -> tuple[pd.DataFrame, str
     listing = ", ".join(f"{v or 'unrecorded'}: {int(c)}" for v, c in sorted(counts.items()))
     note = (
         f"samples hold NCCL versions ({listing} samples); used {best or 'unrecorded'} (most samples, ties to "
-        "the newest); versions are never pooled, choose another with where nccl_version=V"
+        "the newest); versions are never pooled; choose another with the filter nccl_version=V"
     )
     return samples[ver == best], note
 
