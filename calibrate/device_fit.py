@@ -75,7 +75,9 @@ def gemm_points(runs: Sequence[RunFacts], bench: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
-def fit_gemm(points: pd.DataFrame) -> GemmModel:
+def fit_gemm(points: pd.DataFrame, hbm_tbps: float = 0.0) -> GemmModel:
+    """The GEMM roofline from traced and benchmarked shapes; operands never stream faster
+    than the datasheet HBM bandwidth (``hbm_tbps``, when known)."""
     m, n, k, b, t = (points[c].to_numpy(float) for c in ("m", "n", "k", "batch", "dur_s"))
     un = [(x % 8 != 0) for x in (m, n, k)]
     have = [bool(u.any()) for u in un]
@@ -89,7 +91,8 @@ def fit_gemm(points: pd.DataFrame) -> GemmModel:
 
     x0 = [800.0, 2.5, 5e-6, 0.2, 0.2, 0.2]
     lo = [1.0, 0.05, 0.0, 0.01, 0.01, 0.01]
-    hi = [1e5, 1e3, 1e-3, 1.0, 1.0, 1.0]
+    hi = [1e5, hbm_tbps if hbm_tbps > 0 else 1e3, 1e-3, 1.0, 1.0, 1.0]
+    x0[1] = min(x0[1], 0.9 * hi[1])
     # weight each shape by the time it takes per step (count x duration): the step's total
     # is what the model must get right; bench samples count once
     c = points["count"].to_numpy(float)
@@ -103,6 +106,9 @@ def fit_gemm(points: pd.DataFrame) -> GemmModel:
         if i >= 3 and not have[i - 3]:
             params[nm] = Param(0.2, unit=u, status=DEFAULT,
                                note="no traced or benchmarked matmul with this dimension unaligned; default 0.2")  # fmt: skip
+        elif i == 1 and r.x[1] >= 0.99 * hi[1]:
+            params[nm] = Param(float(hi[1]), unit=u, status=DEFAULT,
+                               note="no operand-bound matmul measured: at the datasheet HBM bandwidth")  # fmt: skip
         else:
             params[nm] = Param(float(r.x[i]), float(se[i]), unit=u, status=FITTED)
     pred = model(r.x)
@@ -384,7 +390,7 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
     flagged = sorted({c for f in runs for c in f.flagged})
     if flagged:
         notes.append(f"left out of the fit (physics warnings at ingest): kernel classes {', '.join(flagged)}")
-    gemm = fit_gemm(gemm_points(runs, bench))
+    gemm = fit_gemm(gemm_points(runs, bench), hbm_tbps)
     c1, c2 = fit_attention(runs)
     kinds = fit_stream(runs)
     bw, t0 = kinds["act"], kinds["t0"]
