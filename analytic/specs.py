@@ -48,9 +48,19 @@ class ModelSpec:
     kv_heads: int | None = None
     mlp: str = "gelu"
     tied_embeddings: bool = True
+    #: mixture of experts (analytic.moe): routed experts (0 = dense), experts per token,
+    #: expert MLP width (default ffn), shared experts, leading dense layers, capacity
+    #: factor (None = dropless)
+    n_experts: int = 0
+    top_k: int = 0
+    expert_ffn: int | None = None
+    shared_experts: int = 0
+    dense_layers: int = 0
+    capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         who = self.name or "model"
+        _check_moe(self, who)
         for f in ("d_model", "n_layers", "n_heads", "seq_len", "vocab"):
             v = getattr(self, f)
             if not isinstance(v, (int,)) or isinstance(v, bool) or v < 1:
@@ -83,6 +93,24 @@ class ModelSpec:
     @property
     def shape_extras(self) -> dict:
         return {"ffn": self.ffn_size, "kv": self.kv_head_count, "mlp": self.mlp, "tied": self.tied_embeddings}
+
+
+def _check_moe(m: ModelSpec, who: str) -> None:
+    for f in ("n_experts", "top_k", "shared_experts", "dense_layers"):
+        v = getattr(m, f)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise InputError(who, f"{f} must be a non-negative integer, got {v!r}")
+    if m.expert_ffn is not None and (not isinstance(m.expert_ffn, int) or m.expert_ffn < 1):
+        raise InputError(who, f"expert_ffn must be a positive integer, got {m.expert_ffn!r}")
+    if m.n_experts and not 1 <= m.top_k <= m.n_experts:
+        raise InputError(who, f"top_k must be in 1..n_experts={m.n_experts}, got {m.top_k}")
+    if not m.n_experts and (m.top_k or m.shared_experts or m.dense_layers):
+        raise InputError(who, "top_k, shared_experts and dense_layers need n_experts > 0")
+    if m.dense_layers >= m.n_layers and m.n_experts:
+        raise InputError(who, f"dense_layers {m.dense_layers} leaves no MoE layer of {m.n_layers}")
+    cf = m.capacity_factor
+    if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float)) or cf < 1):
+        raise InputError(who, f"capacity_factor must be a number >= 1 (or absent: dropless), got {cf!r}")
 
 
 @dataclass(frozen=True)
@@ -123,8 +151,14 @@ class HardwareSpec:
     nodes_per_group: int = 0  # nodes in one dragonfly group / under one leaf switch
     global_taper: float = 1.0  # upper-level bandwidth per node over its injection bandwidth
     topology_note: str = ""
+    peak_fp8_tflops: float | None = None  # dense FP8 tensor-core peak per GPU (None: no FP8)
 
     def __post_init__(self) -> None:
+        v8 = self.peak_fp8_tflops
+        if v8 is not None and (isinstance(v8, bool) or not isinstance(v8, (int, float)) or not v8 > 0):
+            raise InputError(
+                self.name or "hardware", f"peak_fp8_tflops must be a positive number, got {v8!r}"
+            )
         for f in ("peak_tflops", "hbm_gb", "hbm_tbps", "scale_up_gbps", "node_nic_gbps"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
