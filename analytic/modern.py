@@ -47,11 +47,11 @@ def valid_mask_modern(model, st, m) -> np.ndarray:
     return ok
 
 
-def check_modern(model, hw, st) -> None:
-    """One strategy (scalars in ``st``): raise InputError naming the first broken rule."""
-    r = st.row(0)
+def check_modern(model, hw, st, i: int = 0) -> None:
+    """Strategy ``i`` of ``st``: raise InputError naming the first broken rule."""
+    r = st.row(i)
     cp, ep, t, p, dp, sch = r["cp"], r["ep"], r["tp"], r["pp"], r["dp"], r["schedule"]
-    m = int(np.broadcast_to(st.microbatches, st.shape).ravel()[0])
+    m = int(np.broadcast_to(st.microbatches, st.shape).ravel()[i])
     E = int(getattr(model, "n_experts", 0) or 0)
     if cp > 1 and model.seq_len % (2 * cp):
         raise InputError(
@@ -270,3 +270,33 @@ def moe_model_flops(model, B, s) -> np.ndarray:
     mo = MOE.terms(model)
     # model FLOPs count routed tokens once (no capacity padding)
     return mo["L_moe"] * (fl["routed"] / mo["cap"] + fl["shared"])
+
+
+def stack_notes(model, plan) -> list[str]:
+    """One line per stated default a prediction of ``plan`` relies on."""
+    from calib.analytic import overlap as OV
+
+    out = []
+    if MOE.is_moe(model):
+        tot, act = MOE.total_and_active_params(model)
+        out.append(f"MoE: {tot / 1e9:.1f} B parameters, {act / 1e9:.1f} B active per token; balanced routing "
+                   "assumed (load imbalance not modelled)")  # fmt: skip
+    if plan.tp_overlap:
+        out.append(
+            f"TP communication overlap: fraction {OV.TP_OVERLAP} of it hides under the layer (stated default)"
+        )
+    if plan.cp > 1 and plan.cp_kind == CP.RING:
+        out.append(
+            f"ring attention: fraction {OV.CP_RING_OVERLAP} of K/V exchange hides under attention (stated default)"
+        )
+    if plan.ep > 1:
+        f = OV.EP_OVERLAP_DUALPIPE if plan.schedule == DUALPIPE else OV.EP_OVERLAP_1F1B
+        out.append(f"EP all-to-all overlap fraction {f} (stated default)")
+    if plan.dist_opt and plan.dp_overlap:
+        out.append(f"distributed optimizer: reduce-scatter / all-gather overlap fractions {OV.DP_RS_OVERLAP} / "
+                   f"{OV.DP_AG_OVERLAP} (stated defaults)")  # fmt: skip
+    if plan.fp8:
+        out.append(
+            "FP8: linear GEMMs at the FP8 peak with the bf16 efficiency curve; casts as memory-bound passes"
+        )
+    return out

@@ -47,40 +47,73 @@ class Space:
     interleave: bool = True
     max_tp: int | None = None
     flash_attention: bool = False
+    #: today's stacks: CP sizes and kind, EP sizes (None: every divisor of the experts,
+    #: 1 for a dense model), pipeline schedules (codes of analytic.bubble), FP8, the
+    #: distributed optimizer in place of ZeRO-1, TP overlap, master weights (0 fp32, 1 bf16)
+    cp: tuple[int, ...] = (1,)
+    cp_kind: int = 0
+    ep: tuple[int, ...] | None = None
+    schedules: tuple[int, ...] = (0,)
+    fp8: bool = False
+    dist_opt: bool = False
+    tp_overlap: bool = False
+    master: int = 0
 
 
 def layouts(
     model: ModelSpec, gpus: int | Sequence[int], global_batch: int, space: Space = Space()
 ) -> dict[str, np.ndarray]:
-    """Every valid (t, p, d, b, v) for every GPU count, as 1-D int arrays (N-major order).
+    """Every valid (t, c, p, d, b, v, schedule, e) for every GPU count, as 1-D int arrays.
 
-    Candidates: t among the divisors of the heads, p of the layers, b of the batch, v of
-    the layers; one broadcast mask per step keeps those that divide what they must.
+    Candidates: t among the divisors of the heads, c among ``space.cp`` (2c | s; Ulysses:
+    t c | a), p of the layers, b of the batch, v of the layers, e among the EP sizes
+    (e | experts, e | t c d); one broadcast mask per step keeps those that divide what
+    they must.  Schedules: 1F1B with every v; ZB-H1 (m >= p) and DualPipe (p even,
+    m >= 2p) with v = 1.
     """
     N = np.atleast_1d(np.asarray(gpus, dtype=np.int64))
-    B, L, a = int(global_batch), model.n_layers, model.n_heads
+    B, L, a, S = int(global_batch), model.n_layers, model.n_heads, model.seq_len
     td = divisors(a)
     td = td[td <= (space.max_tp or td.max())]
+    cd = np.array(sorted(set(space.cp)), dtype=np.int64)
     pdv = divisors(L)
-    n3, t3, p3 = np.meshgrid(N, td, pdv, indexing="ij")
-    ok = n3 % (t3 * p3) == 0
-    n1, t1, p1 = n3[ok], t3[ok], p3[ok]
-    d1 = n1 // (t1 * p1)
+    n4, t4, c4, p4 = np.meshgrid(N, td, cd, pdv, indexing="ij")
+    ok = (n4 % (t4 * c4 * p4) == 0) & ((c4 == 1) | (S % (2 * c4) == 0))
+    if space.cp_kind == 1:
+        ok &= a % (t4 * c4) == 0
+    n1, t1, c1, p1 = n4[ok], t4[ok], c4[ok], p4[ok]
+    d1 = n1 // (t1 * c1 * p1)
     ok = B % d1 == 0
-    n1, t1, p1, d1 = n1[ok], t1[ok], p1[ok], d1[ok]
+    n1, t1, c1, p1, d1 = n1[ok], t1[ok], c1[ok], p1[ok], d1[ok]
     bd = divisors(B)
     ok = (B // d1)[:, None] % bd[None, :] == 0
     i, jb = np.nonzero(ok)
     bb = bd[jb]
     m = B // (d1[i] * bb)
     vd = divisors(L) if space.interleave else np.array([1])
+    # (v, schedule) pairs: 1F1B with every v, ZB-H1 / DualPipe with v = 1
+    sch = np.array(sorted(set(space.schedules)), dtype=np.int64)
+    pv = np.concatenate([vd if 0 in sch else vd[:0], np.ones(int(np.sum(sch > 0)), dtype=np.int64)])
+    ps = np.concatenate([np.zeros(vd.size if 0 in sch else 0, dtype=np.int64), sch[sch > 0]])
     p_i = p1[i]
-    ok = (vd[None, :] == 1) | (
-        (p_i[:, None] > 1) & ((L // p_i)[:, None] % vd[None, :] == 0) & ((m % p_i)[:, None] == 0)
+    ok = (ps[None, :] == 0) & (
+        (pv[None, :] == 1)
+        | ((p_i[:, None] > 1) & ((L // p_i)[:, None] % pv[None, :] == 0) & ((m % p_i)[:, None] == 0))
     )
+    ok |= (ps[None, :] == 1) & (p_i[:, None] > 1) & (m[:, None] >= p_i[:, None])
+    ok |= (ps[None, :] == 2) & (p_i[:, None] > 1) & (p_i[:, None] % 2 == 0) & (m[:, None] >= 2 * p_i[:, None])
     k, jv = np.nonzero(ok)
     sel = i[k]
-    return {"tp": t1[sel], "pp": p1[sel], "dp": d1[sel], "micro_batch": bb[k], "interleave": vd[jv]}
+    out = {"tp": t1[sel], "cp": c1[sel], "pp": p1[sel], "dp": d1[sel], "micro_batch": bb[k],
+           "interleave": pv[jv], "schedule": ps[jv]}  # fmt: skip
+    E = int(getattr(model, "n_experts", 0) or 0)
+    ed = np.array(sorted(set(space.ep)) if space.ep else (divisors(E) if E else [1]), dtype=np.int64)
+    fold = out["tp"] * out["cp"] * out["dp"]
+    ok = (fold[:, None] % ed[None, :] == 0) & ((E % ed[None, :] == 0) if E else (ed[None, :] == 1))
+    r, je = np.nonzero(ok)
+    out = {key: val[r] for key, val in out.items()}
+    out["ep"] = ed[je]
+    return out
 
 
 #: option axes of the search grid, after the layout axis 0
@@ -108,11 +141,18 @@ def _col(x: np.ndarray) -> np.ndarray:
     return x.reshape((-1,) + (1,) * len(OPTION_AXES))
 
 
-def option_mask(lay: dict[str, np.ndarray], opt: dict[str, np.ndarray]) -> np.ndarray:
+def option_mask(lay: dict[str, np.ndarray], opt: dict[str, np.ndarray], moe: bool = False,
+                dist_opt: bool = False) -> np.ndarray:  # fmt: skip
     """Validity over the grid: no duplicates, nothing the frameworks cannot run."""
-    t, p, d = (_col(lay[k]) for k in ("tp", "pp", "dp"))
+    t, p, d, c = (_col(lay[k]) for k in ("tp", "pp", "dp", "cp"))
     z, sp, ov = opt["zero"], opt["seq_parallel"], opt["dp_overlap"]
-    return ((z == 0) | (d > 1)) & ((z <= 1) | (p == 1)) & (~sp | (t > 1)) & (~ov | (d > 1))
+    dc = d * c  # the dense gradients are reduced over DP x CP
+    ok = ((z == 0) | (dc > 1)) & ((z <= 1) | (p == 1)) & (~sp | (t > 1)) & (~ov | (dc > 1))
+    if moe:  # Megatron-Core MoE with TP splits the tokens over TP: sequence parallelism
+        ok &= sp | (t == 1)
+    if dist_opt:
+        ok &= z != 0  # the distributed optimizer replaces ZeRO-1; plain DDP stays as ZeRO-0
+    return ok
 
 
 @dataclass(frozen=True)
@@ -153,6 +193,7 @@ def search(
     gpus = [gpus] if isinstance(gpus, (int, np.integer)) else sorted(set(int(g) for g in gpus))
     lay = layouts(model, gpus, global_batch, space)
     opt = options(space)
+    moe = bool(getattr(model, "n_experts", 0))
     n_opt = int(np.prod([opt[k].size for k in OPTION_AXES]))
     step = max(1, CHUNK_STRATEGIES // max(n_opt, 1))
     keep = max(top, 1)
@@ -162,7 +203,7 @@ def search(
         sl = {k: v[lo : lo + step] for k, v in lay.items()}
         n_lay = sl["tp"].size
         grid = (n_lay, *(opt[k].size for k in OPTION_AXES))
-        mask = option_mask(sl, opt)
+        mask = option_mask(sl, opt, moe, space.dist_opt)
         r = evaluate(model, system, _strategies(sl, opt, global_batch, space), lean=True)
         score = np.where(mask & ~r["oom"], r["iter_s"], np.inf)
         score = np.broadcast_to(score, grid).reshape(n_lay, -1)
@@ -175,7 +216,7 @@ def search(
         # the best strategy of every GPU count: per-layout minimum, then per count
         opt_best = score.argmin(axis=1)
         lay_best = score[np.arange(n_lay), opt_best]
-        n_of = sl["tp"] * sl["pp"] * sl["dp"]
+        n_of = sl["tp"] * sl["cp"] * sl["pp"] * sl["dp"]
         order = np.lexsort((lay_best, n_of))
         first = order[np.r_[True, np.diff(n_of[order]) != 0]]
         first = first[np.isfinite(lay_best[first])]
@@ -203,23 +244,29 @@ def search(
 
 def _strategies(sl: dict, opt: dict, B: int, space: Space) -> Strategies:
     return Strategies.of(
-        tp=_col(sl["tp"]), pp=_col(sl["pp"]), dp=_col(sl["dp"]), micro_batch=_col(sl["micro_batch"]),
-        global_batch=B, interleave=_col(sl["interleave"]), flash_attention=space.flash_attention,
+        **{k: _col(v) for k, v in sl.items()}, global_batch=B, **_space_knobs(space, opt["zero"]),
         **{k: opt[k] for k in OPTION_AXES},
     )  # fmt: skip
+
+
+def _space_knobs(space: Space, zero) -> dict:
+    """The scalar knobs of a search space (the distributed optimizer stands in for ZeRO-1)."""
+    return {"flash_attention": space.flash_attention, "cp_kind": space.cp_kind, "fp8": space.fp8,
+            "dist_opt": np.asarray(zero) == 1 if space.dist_opt else False, "tp_overlap": space.tp_overlap,
+            "master": space.master}  # fmt: skip
 
 
 def detail(
     model: ModelSpec, system: System, cand: dict[str, np.ndarray], B: int, space: Space
 ) -> pd.DataFrame:
     """Full evaluation of a few chosen strategies (1-D), as a table."""
-    st = Strategies.of(**cand, global_batch=B, flash_attention=space.flash_attention)
+    st = Strategies.of(**cand, global_batch=B, **_space_knobs(space, cand["zero"]))
     r = evaluate(model, system, st)
-    df = pd.DataFrame({"gpus": cand["tp"] * cand["pp"] * cand["dp"], **cand})
+    df = pd.DataFrame({"gpus": cand["tp"] * cand["cp"] * cand["pp"] * cand["dp"], **cand})
     df.insert(df.columns.get_loc("micro_batch") + 1, "microbatches", B // (cand["dp"] * cand["micro_batch"]))
     n = len(df)
     for key in ("iter_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "compute_s", "comm_exposed_s",
-                "comm_overlapped_s", "bubble_s", "tp_s", "pp_s"):  # fmt: skip
+                "comm_overlapped_s", "bubble_s", "tp_s", "pp_s", "ep_cp_exposed_s"):  # fmt: skip
         df[key.replace("model_", "")] = np.broadcast_to(r[key], (n,))
     df["dp_exposed_s"] = (
         r["dp_allreduce_exposed_s"] + r["dp_allgather_exposed_s"] + r["dp_reducescatter_exposed_s"]

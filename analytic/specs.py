@@ -230,7 +230,10 @@ def _build(cls: type, where: str | Path, name: str, entry: Any, extra: dict[str,
     known = {f.name for f in fields(cls)}
     data = {**(extra or {}), **{k: v for k, v in entry.items() if k in known}}
     data.setdefault("name", name)
-    unknown = sorted(set(entry) - known - {"aliases", "family"})
+    # per-number sources and notes ("peak_fp8_source") are documentation, not fields
+    unknown = sorted(
+        k for k in set(entry) - known - {"aliases", "family"} if not k.endswith(("_source", "_note"))
+    )
     if unknown:
         raise InputError(
             where,
