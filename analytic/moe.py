@@ -9,7 +9,7 @@ report arXiv:2412.19437 sec. 2.1.2) and a router of d x E weights.  The first
     expert weights       mats d f_e                      (mats = 3 SwiGLU, 2 GeLU)
     total parameters     attention + dense MLPs + L_moe (E + n_sh) mats d f_e + L_moe d E + embeddings
     active parameters    the same with k + n_sh experts in place of E + n_sh
-    FLOPs per token      2 x active matrix parameters + attention  (forward; x 3 for training)
+    FLOPs per token      2 x active matrix parameters + 4 s d per layer  (forward; x 3 for training)
 
 Checks (tests/test_analytic_moe.py): Mixtral 8x7B 46.7 B total / 12.9 B active (Jiang et al.
 2024, arXiv:2401.04088 sec. 2); DeepSeek-V3 671 B / 37 B (arXiv:2412.19437 abstract).
@@ -103,8 +103,9 @@ def total_and_active_params(model) -> tuple[float, float]:
 
 
 def forward_flops_per_token(model) -> float:
-    """Forward matmul FLOPs per token: 2 x active matrix parameters (embedding lookup excluded,
-    the LM head included) + the attention core 4 s d per layer (Kaplan et al. 2020 sec. 2.1)."""
+    """Forward matmul FLOPs per token: 2 x active matrix parameters (Kaplan et al. 2020 sec. 2.1;
+    embedding lookup excluded, LM head included) + the attention core 4 s d per layer (QK^T
+    and AV over the whole sequence, the convention of Narayanan et al. 2021 eq. 3)."""
     total, active = total_and_active_params(model)
     d = float(model.d_model)
     lookup = float(model.vocab) * d if not model.tied_embeddings else 0.0
