@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from calib.analytic import moe as MOE
 from calib.analytic.machine import default_calibration
 from calib.analytic.specs import ModelSpec, load_hardware, load_model
 from calib.analytic.strategy import Strategies
 from calib.analytic.timemodel import System, comm_times, evaluate
+
 from calib.core.errors import InputError
 
 H100 = load_hardware("dgx-h100")
