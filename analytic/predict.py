@@ -87,7 +87,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
         "micro_batch": plan.micro_batch, "microbatches": r["microbatches"].astype(int), "global_batch": batches,
         "iter_s": r["iter_s"],
     })  # fmt: skip
-    for k in (*TIME_KEYS, "dp_allreduce_s", "dp_allgather_s", "dp_reducescatter_s", "compute_s", "comm_s",
+    for k in (*TIME_KEYS, "ep_cp_s", "dp_allreduce_s", "dp_allgather_s", "dp_reducescatter_s", "compute_s", "comm_s",
               "comm_exposed_s", "comm_overlapped_s"):  # fmt: skip
         df[k] = np.broadcast_to(r[k], n.shape)
     for k in ("weights", "grads", "optimizer", "activations", "total"):
