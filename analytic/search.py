@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 from calib.analytic.interval import iter_interval
 from calib.analytic.specs import ModelSpec
 from calib.analytic.strategy import Strategies
-from calib.analytic.timemodel import System, evaluate
+from calib.analytic.timemodel import System, comm_times, evaluate
 
 CHUNK_STRATEGIES = 1 << 20  # strategies per evaluation chunk (bounds memory to ~1 GB)
 
@@ -141,15 +141,12 @@ def _col(x: np.ndarray) -> np.ndarray:
     return x.reshape((-1,) + (1,) * len(OPTION_AXES))
 
 
-def option_mask(lay: dict[str, np.ndarray], opt: dict[str, np.ndarray], moe: bool = False,
-                dist_opt: bool = False) -> np.ndarray:  # fmt: skip
+def option_mask(lay: dict[str, np.ndarray], opt: dict[str, np.ndarray], dist_opt: bool = False) -> np.ndarray:
     """Validity over the grid: no duplicates, nothing the frameworks cannot run."""
     t, p, d, c = (_col(lay[k]) for k in ("tp", "pp", "dp", "cp"))
     z, sp, ov = opt["zero"], opt["seq_parallel"], opt["dp_overlap"]
     dc = d * c  # the dense gradients are reduced over DP x CP
     ok = ((z == 0) | (dc > 1)) & ((z <= 1) | (p == 1)) & (~sp | (t > 1)) & (~ov | (dc > 1))
-    if moe:  # Megatron-Core MoE with TP splits the tokens over TP: sequence parallelism
-        ok &= sp | (t == 1)
     if dist_opt:
         ok &= z != 0  # the distributed optimizer replaces ZeRO-1; plain DDP stays as ZeRO-0
     return ok
@@ -192,19 +189,51 @@ def search(
     t0 = time.perf_counter()
     gpus = [gpus] if isinstance(gpus, (int, np.integer)) else sorted(set(int(g) for g in gpus))
     lay = layouts(model, gpus, global_batch, space)
-    opt = options(space)
     moe = bool(getattr(model, "n_experts", 0))
+    # Megatron-Core MoE with TP splits the tokens over TP: sequence parallelism is not a
+    # choice there but SP = (TP > 1), set per layout (no SP axis: half the grid)
+    sp_space = replace(space, seq_parallel=(False,)) if moe else space
+    comm_all = _layout_comm(model, system, lay, global_batch, space)
+    picks: list[dict[str, np.ndarray]] = []
+    n_valid = n_fit = 0
+    # ZeRO-2/3 need PP = 1: layouts with PP > 1 get the ZeRO-0/1 option table (half the grid)
+    multi = lay["pp"] > 1
+    low = tuple(z for z in space.zero if z <= 1)
+    for sel, zeros in ((~multi, space.zero), (multi, low)):
+        if not zeros or not np.any(sel):
+            continue
+        lay_g = {k: v[sel] for k, v in lay.items()}
+        comm_g = None if comm_all is None else {k: v[sel] for k, v in comm_all.items()}
+        opt = options(replace(sp_space, zero=zeros))
+        nv, nf = _scan(model, system, lay_g, comm_g, opt, global_batch, space, moe, max(top, 1), picks)
+        n_valid, n_fit = n_valid + nv, n_fit + nf
+    if not picks:
+        empty = pd.DataFrame()
+        return SearchResult(empty, empty, n_valid, n_fit, time.perf_counter() - t0)
+    cand = {k: np.concatenate([p[k] for p in picks]) for k in picks[0]}
+    if moe:
+        cand["seq_parallel"] = cand["tp"] > 1
+    table = detail(model, system, cand, global_batch, space)
+    table = table.sort_values(["iter_s", "mem_total_gb"], kind="stable").reset_index(drop=True)
+    per_gpus = table.groupby("gpus", sort=True).head(1).sort_values("gpus").reset_index(drop=True)
+    ranked = table.head(top).reset_index(drop=True)
+    ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
+    return SearchResult(ranked, per_gpus, n_valid, n_fit, time.perf_counter() - t0)
+
+
+def _scan(model, system, lay, comm_all, opt, B, space, moe, keep, picks) -> tuple[int, int]:
+    """Evaluate the (layouts x options) grid in chunks; append the candidates to ``picks``:
+    the ``keep`` fastest and the fastest of every GPU count.  Returns (valid, fitting) counts."""
     n_opt = int(np.prod([opt[k].size for k in OPTION_AXES]))
     step = max(1, CHUNK_STRATEGIES // max(n_opt, 1))
-    keep = max(top, 1)
-    picks: list[dict[str, np.ndarray]] = []
     n_valid = n_fit = 0
     for lo in range(0, lay["tp"].size, step):  # chunks of layouts, not strategies
         sl = {k: v[lo : lo + step] for k, v in lay.items()}
         n_lay = sl["tp"].size
         grid = (n_lay, *(opt[k].size for k in OPTION_AXES))
-        mask = option_mask(sl, opt, moe, space.dist_opt)
-        r = evaluate(model, system, _strategies(sl, opt, global_batch, space), lean=True)
+        mask = option_mask(sl, opt, space.dist_opt)
+        comm = None if comm_all is None else {k: _col(v[lo : lo + step]) for k, v in comm_all.items()}
+        r = evaluate(model, system, _strategies(sl, opt, B, space, moe), comm=comm, lean=True)
         score = np.where(mask & ~r["oom"], r["iter_s"], np.inf)
         score = np.broadcast_to(score, grid).reshape(n_lay, -1)
         n_valid += int(np.count_nonzero(np.broadcast_to(mask, grid)))
@@ -230,23 +259,36 @@ def search(
                 **{k: opt[k].ravel()[idx[a]] for a, k in enumerate(OPTION_AXES, 1)},
             }
         )
-    if not picks:
-        empty = pd.DataFrame()
-        return SearchResult(empty, empty, n_valid, n_fit, time.perf_counter() - t0)
-    cand = {k: np.concatenate([p[k] for p in picks]) for k in picks[0]}
-    table = detail(model, system, cand, global_batch, space)
-    table = table.sort_values(["iter_s", "mem_total_gb"], kind="stable").reset_index(drop=True)
-    per_gpus = table.groupby("gpus", sort=True).head(1).sort_values("gpus").reset_index(drop=True)
-    ranked = table.head(top).reset_index(drop=True)
-    ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
-    return SearchResult(ranked, per_gpus, n_valid, n_fit, time.perf_counter() - t0)
+    return n_valid, n_fit
 
 
-def _strategies(sl: dict, opt: dict, B: int, space: Space) -> Strategies:
+def _strategies(sl: dict, opt: dict, B: int, space: Space, moe: bool = False) -> Strategies:
+    o = dict(opt)
+    if moe:
+        o["seq_parallel"] = opt["seq_parallel"] | _col(sl["tp"] > 1)
     return Strategies.of(
         **{k: _col(v) for k, v in sl.items()}, global_batch=B, **_space_knobs(space, opt["zero"]),
-        **{k: opt[k] for k in OPTION_AXES},
+        **{k: o[k] for k in OPTION_AXES},
     )  # fmt: skip
+
+
+COMM_KEYS = ("tp", "cp", "pp", "dp", "micro_batch", "ep")  # what the communication terms depend on
+
+
+def _layout_comm(model, system: System, sl: dict, B: int, space: Space) -> dict[str, np.ndarray] | None:
+    """Communication terms once per distinct (t, c, p, d, b, e): layouts that differ only in
+    interleaving or schedule share them.  One int64 mixed-radix key, one sort."""
+    cols = [sl[k].astype(np.int64) for k in COMM_KEYS]
+    radix = [int(c.max()) + 1 for c in cols]
+    if not cols[0].size or float(np.prod([float(r) for r in radix])) >= 2.0**62:
+        return None  # let evaluate compute them per layout
+    key = cols[0]
+    for c, r in zip(cols[1:], radix[1:], strict=True):
+        key = key * r + c
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    sub = Strategies.of(**{k: sl[k][first] for k in sl}, global_batch=B, **_space_knobs(space, 1))
+    c = comm_times(model, system, sub)
+    return {k: np.broadcast_to(v, first.shape)[inv.ravel()] for k, v in c.items()}
 
 
 def _space_knobs(space: Space, zero) -> dict:
