@@ -35,6 +35,7 @@ from calib.analytic.specs import load_hardware, load_model
 from calib.analytic.strategy import Strategies
 from calib.analytic.timemodel import System, evaluate
 
+CPU_RATES: list[float] = []  # strategies per CPU-second of each timed_search (load-independent)
 CALCULON_PER_CORE = 400.0  # strategies/s/core, quoted (issue 4, seed 000), not measured
 
 
@@ -55,8 +56,13 @@ def valid_strategies(model, gpus, B, space=None):
 def timed_search(model, system, gpus, B, repeat, space=None):
     from calib.analytic.search import Space
 
-    runs = [search(model, system, gpus, B, space or Space(), top=10) for _ in range(repeat)]
+    runs, cpu = [], []
+    for _ in range(repeat):
+        c0 = time.process_time()
+        runs.append(search(model, system, gpus, B, space or Space(), top=10))
+        cpu.append(runs[-1].n_strategies / max(time.process_time() - c0, 1e-9))
     rates = [r.rate for r in runs]
+    CPU_RATES.append(statistics.median(cpu))
     return runs[0], statistics.median(rates), max(rates)
 
 
@@ -148,7 +154,8 @@ def modern_cases(repeat: int) -> None:
     for name, model, B, counts, space in cases:
         res, med, best = timed_search(model, system, list(counts), B, repeat, space)
         print(f"{name}: {len(counts)} GPU counts, {res.n_strategies:,} valid strategies ({res.n_feasible:,} fit), "
-              f"{res.n_strategies / med:.3f} s, median {med:,.0f} strategies/s (best {best:,.0f})")  # fmt: skip
+              f"{res.n_strategies / med:.3f} s, median {med:,.0f} strategies/s (best {best:,.0f}); "
+              f"{CPU_RATES[-1]:,.0f} per CPU-second")  # fmt: skip
         row = res.best_per_gpus.iloc[-1]
         print(f"    best at {int(row['gpus'])} GPUs: TP {row['tp']} CP {row['cp']} EP {row['ep']} PP {row['pp']} "
               f"DP {row['dp']} schedule {row['schedule']} iter {row['iter_s']:.3f} s, MFU {row['mfu']:.1%}, "
