@@ -126,15 +126,23 @@ def comm_extra(model, cal, gpn, st, b, s, d, kv_frac) -> dict[str, np.ndarray]:
     if np.any(cp > 1):
         k_cp = members_per_node(cp, t, gpn)
         step = CP.ring_step_bytes(b, s, d, kv_frac, cp, t)
-        two = np.where(cp > 1, 2.0, 1.0)
-        k2 = np.where(k_cp >= cp, two, 1.0)  # ring neighbours share a node only inside one node
-        out["cp_ring_step_s"] = group_time_s(cal, SENDRECV, step, two, k2)
-        out["cp_ring_step_bwd_s"] = group_time_s(cal, SENDRECV, 2.0 * step, two, k2)
+        out["cp_ring_step_s"] = _ring_step_s(cal, step, cp, k_cp)
+        out["cp_ring_step_bwd_s"] = _ring_step_s(cal, 2.0 * step, cp, k_cp)
         qkv, o = CP.ulysses_buffer_bytes(b, s, d, kv_frac, cp, t)
         out["cp_a2a_s"] = group_time_s(cal, ALLTOALL, qkv, cp, k_cp) + group_time_s(
             cal, ALLTOALL, o, cp, k_cp
         )
     return out
+
+
+def _ring_step_s(cal, step, cp, k_cp) -> np.ndarray:
+    """One ring step: every GPU sends ``step`` bytes to its neighbour at once.  Inside a node
+    a send/recv pair; a ring over nodes also crosses each node boundary once per group, so a
+    node's NICs carry one message per CP group with members on it (gpus_per_node / k)."""
+    two = np.where(cp > 1, 2.0, 1.0)
+    intra = group_time_s(cal, SENDRECV, step, two, two)
+    cross = group_time_s(cal, SENDRECV, step / np.maximum(k_cp, 1.0), two, 1.0)
+    return np.where(k_cp >= cp, intra, np.maximum(intra, cross))
 
 
 def layer_comm(model, st, c, rc, window_s, attn_s) -> tuple[np.ndarray, np.ndarray]:

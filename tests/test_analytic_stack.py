@@ -83,8 +83,13 @@ def test_cp_in_the_time_model_divides_activations_and_overlaps_the_ring():
     assert float(r8["ep_cp_exposed_s"]) >= (1 - OV.CP_RING_OVERLAP) * float(r8["ep_cp_s"]) - 1e-15
     uly = evaluate(m, SYS, Strategies.of(**base, dp=1, cp=8, cp_kind=CP.ULYSSES))
     assert float(uly["ep_cp_exposed_s"]) == float(uly["ep_cp_s"])  # Ulysses: not overlapped
+    # one ring step inside a DGX H100 (CP 8, TP 1): a send/recv pair of K and V of 4096 tokens,
+    # 2 x 4096 x 4096 x 8/32 x 2 = 16,777,216 bytes at the stated 337.5 GB/s + 20 us
     c = comm_times(m, SYS, Strategies.of(**base, dp=1, cp=8))
-    assert float(c["cp_ring_step_s"]) > 0 and float(c["cp_a2a_s"]) > 0
+    assert float(c["cp_ring_step_s"]) == pytest.approx(20e-6 + 16_777_216 / 337.5e9, rel=1e-9)
+    # CP 8 over 8 nodes (TP 8): every GPU's send crosses a node boundary -- slower than inside
+    c8 = comm_times(m, SYS, Strategies.of(**{**base, "tp": 8, "seq_parallel": True}, dp=1, cp=8))
+    assert float(c8["cp_ring_step_s"]) > 20e-6 + 16_777_216 / 8 / 337.5e9
 
 
 # ---- FP8 --------------------------------------------------------------------------------------

@@ -31,6 +31,12 @@ FLAGS: dict[str, str] = {
     "recompute": "--recompute",
     "seq_parallel": "--seq-parallel",
     "max_tp": "--max-tp",
+    "cp": "--cp",
+    "cp_kind": "--cp-kind",
+    "ep": "--ep",
+    "schedule": "--schedule",
+    "fp8": "--precision",
+    "master_weights": "--master-weights",
     # fit
     "where": "--where",
     "peak_tflops": "--peak-tflops",
