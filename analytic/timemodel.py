@@ -241,7 +241,6 @@ def evaluate(
     f_head = F.lm_head_flops(b, s_loc, d, V) / t
     attn_fwd = X.attn_fwd_flops(b, s_loc, d, t)
     attn_x = X.cp_attention_extra_flops(b, s_loc, d, t, st.cp, rc)
-    peak8 = (hw.peak_fp8_tflops or hw.peak_tflops) * 1e12
     dm = system.device_model
     if dm is not None:  # the physical device model fitted from GPU traces
         fam, fam_note = dm.family(model.shape_extras["mlp"])
@@ -257,14 +256,10 @@ def evaluate(
         x = f_fwd / 6.0  # mean FLOPs of the six forward matmuls of a layer
         eff, k1, k2 = cal.gemm_efficiency(x), cal.k1(x), cal.k2(x)
         vec_bytes = F.vector_traffic_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, vec_passes)
-        if st.is_modern:  # FP8 linear GEMMs and their casts
-            attn_tr = attn_fwd * (3.0 + (rc >= F.SELECTIVE))
-            gemm = X.PR.gemm_time_s(f_train - attn_tr, attn_tr, peak, peak8, eff, st.fp8)
-            casts = X.PR.cast_bytes_layer(b * s_loc, d, ffn_c, kv_frac, mats, t, np.where(full, 2.0, 1.0))
-            vec_bytes = vec_bytes + np.where(st.fp8, casts, 0.0)
-        else:
-            gemm = f_train / (peak * eff)
-        layer_tr = share * (gemm + vec_bytes / (hw.hbm_tbps * 1e12))
+        gemm, casts = X.gemm_and_casts(
+            st, hw, f_train, attn_fwd, rc, peak, eff, b * s_loc, d, ffn_c, kv_frac, mats, t
+        )
+        layer_tr = share * (gemm + (vec_bytes + casts) / (hw.hbm_tbps * 1e12))
         layer_kernel = layer_tr / k2
         layer_compute = layer_kernel / k1
 
@@ -274,18 +269,14 @@ def evaluate(
         head_kernel = head_tr / k2h
         head_compute = head_kernel / k1h
     # CP: attention over all s keys; MoE: the experts of the average layer (own GEMM efficiency)
-    attn_s = share * attn_x / (peak * eff) / (k1 * k2)
-    eff_fn = cal.gemm_efficiency if cal.gemm_efficiency_curve is not None else (lambda x_: eff)
-    moe_s = 0.0
-    if X.MOE.is_moe(model):
-        moe_s = (
-            share
-            * X.moe_share(model)
-            * X.moe_layer_s(model, system, st, b, s_loc, d, t, mats, rc, eff_fn, peak)
-        )
-        moe_s = moe_s / (k1 * k2)
-    layer_tr, layer_kernel = layer_tr + (attn_s + moe_s) * k1 * k2, layer_kernel + (attn_s + moe_s) * k1
-    layer_compute = layer_compute + attn_s + moe_s
+    extra = (
+        share * X.extra_compute_s(model, system, st, b, s_loc, d, t, mats, rc, attn_x, eff, peak) / (k1 * k2)
+    )
+    layer_tr, layer_kernel, layer_compute = (
+        layer_tr + extra * k1 * k2,
+        layer_kernel + extra * k1,
+        layer_compute + extra,
+    )
 
     # ---- communication (layout-level arrays; cached across fits) -----------------------
     c = comm if comm is not None else comm_times(model, system, st)
