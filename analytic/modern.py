@@ -98,15 +98,26 @@ def groups(st) -> tuple[np.ndarray, np.ndarray]:
     return dp * cp, t * cp * dp / ep
 
 
+def _many(cal, coll, *parts) -> list[np.ndarray]:
+    """``group_time_s`` of several (bytes, n, k) triples of one collective in one call
+    (stacked: one contract call over their distinct pairs)."""
+    arrs = np.broadcast_arrays(*(np.asarray(x, dtype=float) for part in parts for x in part))
+    shape = arrs[0].shape
+    stack = [np.stack(arrs[i::3]) for i in range(3)]
+    out = group_time_s(cal, coll, *stack)
+    return [np.reshape(out[j], shape) for j in range(len(parts))]
+
+
 def dp_time_s(cal, gpn, coll, dense_bytes, expert_bytes, st) -> np.ndarray:
     """One DP collective over the dense buffer (d c ranks, t apart) and, for MoE, the expert
     buffer (EDP ranks, ep apart)."""
     g_dense, g_exp = groups(st)
     t, ep = st.tp.astype(float), st.ep.astype(float)
-    out = group_time_s(cal, coll, dense_bytes, g_dense, members_per_node(g_dense, t, gpn))
-    if np.any(np.asarray(expert_bytes) > 0):
-        out = out + group_time_s(cal, coll, expert_bytes, g_exp, members_per_node(g_exp, ep, gpn))
-    return out
+    dense = (dense_bytes, g_dense, members_per_node(g_dense, t, gpn))
+    if not np.any(np.asarray(expert_bytes) > 0):
+        return group_time_s(cal, coll, *dense)
+    a, b = _many(cal, coll, dense, (expert_bytes, g_exp, members_per_node(g_exp, ep, gpn)))
+    return a + b
 
 
 # ---- communication of one layer -----------------------------------------------------------
@@ -121,28 +132,29 @@ def comm_extra(model, cal, gpn, st, b, s, d, kv_frac) -> dict[str, np.ndarray]:
         bpv = np.where(st.fp8, PR.DISPATCH_FP8_BYTES, F.BYTES_PER_VALUE)
         disp = MOE.dispatch_bytes(T, mo["k"], d, mo["cap"], bpv)
         comb = MOE.dispatch_bytes(T, mo["k"], d, mo["cap"], F.BYTES_PER_VALUE)
-        out["ep_dispatch_s"] = group_time_s(cal, ALLTOALL, disp, ep, k_ep)
-        out["ep_combine_s"] = group_time_s(cal, ALLTOALL, comb, ep, k_ep)
+        out["ep_dispatch_s"], out["ep_combine_s"] = _many(cal, ALLTOALL, (disp, ep, k_ep), (comb, ep, k_ep))
     if np.any(cp > 1):
         k_cp = members_per_node(cp, t, gpn)
         step = CP.ring_step_bytes(b, s, d, kv_frac, cp, t)
-        out["cp_ring_step_s"] = _ring_step_s(cal, step, cp, k_cp)
-        out["cp_ring_step_bwd_s"] = _ring_step_s(cal, 2.0 * step, cp, k_cp)
+        out["cp_ring_step_s"], out["cp_ring_step_bwd_s"] = _ring_step_s(cal, step, cp, k_cp)
         qkv, o = CP.ulysses_buffer_bytes(b, s, d, kv_frac, cp, t)
-        out["cp_a2a_s"] = group_time_s(cal, ALLTOALL, qkv, cp, k_cp) + group_time_s(
-            cal, ALLTOALL, o, cp, k_cp
-        )
+        a, b_ = _many(cal, ALLTOALL, (qkv, cp, k_cp), (o, cp, k_cp))
+        out["cp_a2a_s"] = a + b_
     return out
 
 
-def _ring_step_s(cal, step, cp, k_cp) -> np.ndarray:
-    """One ring step: every GPU sends ``step`` bytes to its neighbour at once.  Inside a node
-    a send/recv pair; a ring over nodes also crosses each node boundary once per group, so a
-    node's NICs carry one message per CP group with members on it (gpus_per_node / k)."""
+def _ring_step_s(cal, step, cp, k_cp) -> tuple[np.ndarray, np.ndarray]:
+    """One ring step, forward (``step`` bytes) and backward (twice): every GPU sends to its
+    neighbour at once.  Inside a node a send/recv pair; a ring over nodes also crosses each
+    node boundary once per group, so a node's NICs carry one message per CP group with
+    members on it (gpus_per_node / k)."""
     two = np.where(cp > 1, 2.0, 1.0)
-    intra = group_time_s(cal, SENDRECV, step, two, two)
-    cross = group_time_s(cal, SENDRECV, step / np.maximum(k_cp, 1.0), two, 1.0)
-    return np.where(k_cp >= cp, intra, np.maximum(intra, cross))
+    per = step / np.maximum(k_cp, 1.0)
+    i1, i2, c1, c2 = _many(
+        cal, SENDRECV, (step, two, two), (2 * step, two, two), (per, two, 1.0), (2 * per, two, 1.0)
+    )
+    inside = k_cp >= cp
+    return np.where(inside, i1, np.maximum(i1, c1)), np.where(inside, i2, np.maximum(i2, c2))
 
 
 def layer_comm(model, st, c, rc, window_s, attn_s) -> tuple[np.ndarray, np.ndarray]:
@@ -302,11 +314,13 @@ def moe_model_flops(model, B, s) -> np.ndarray:
     return mo["L_moe"] * (fl["routed"] / mo["cap"] + fl["shared"])
 
 
-def stack_notes(model, plan) -> list[str]:
+def stack_notes(model, plan, system=None) -> list[str]:
     """One line per stated default a prediction of ``plan`` relies on."""
     from calib.analytic import overlap as OV
 
     out = []
+    if plan.fp8 and system is not None and system.device_model is not None:
+        out.append("FP8: the fitted device model's GEMM times stay bf16 (FP8 changes memory only)")
     if MOE.is_moe(model):
         tot, act = MOE.total_and_active_params(model)
         out.append(f"MoE: {tot / 1e9:.1f} B parameters, {act / 1e9:.1f} B active per token; balanced routing "

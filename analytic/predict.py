@@ -99,7 +99,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     df["hw_tflops_per_gpu"] = r["hw_tflops_per_gpu"]
     df["mfu"] = r["mfu"]
     df = df.assign(**scaling(df))
-    notes = [f"scaling relative to {gpus[0]} GPUs", *stack_notes(model, plan)]
+    notes = [f"scaling relative to {gpus[0]} GPUs", *stack_notes(model, plan, system)]
     band = iter_interval(model, system, st, df["iter_s"].to_numpy())
     if band is not None:
         df.insert(df.columns.get_loc("iter_s") + 1, "iter_s_lo", band[0])
