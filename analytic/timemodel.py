@@ -338,8 +338,10 @@ def evaluate(
     # ---- memory per GPU ----------------------------------------------------------------
     if dm is not None:
         mem = DP.memory(
-            dm, fam, sh, params_gpu, b, t, p, dp * st.cp, z, m, v, rc, sp, hw.runtime_reserve_gb * 1e9
+            dm, fam, sh, dense_p, b, t, p, dp * st.cp, z, m, v, rc, sp, hw.runtime_reserve_gb * 1e9
         )
+        if st.is_modern or X.MOE.is_moe(model):
+            mem = X.adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc)
     else:
         acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash)
         if st.is_modern or X.MOE.is_moe(model):

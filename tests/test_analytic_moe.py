@@ -133,3 +133,29 @@ def test_capacity_factor_pads_expert_work_and_bad_moe_shapes_are_named():
     with pytest.raises(InputError, match="capacity_factor"):
         ModelSpec("x", 1024, 4, 8, 128, 1000, n_experts=8, top_k=2, capacity_factor=0.5)
     assert np.all(MOE.dense_ffn_avg(load_model("deepseek-v3"), 18432) == 18432 * 3 / 61)
+
+
+def test_fitted_device_model_path_shards_experts_too(tmp_path):
+    """With a device model fitted on the real H100 traces (fixtures/traces/h100) the dense part
+    comes from the fit and the experts from moe.py: EP 8 with the distributed optimizer shards
+    the routed experts' 12 bytes of optimizer state over EDP = 8, as without a fit: EP 1 holds
+    8 x 5,637,144,576 expert weights sharded over 64, EP 8 holds 5,637,144,576 over 8."""
+    import shutil
+    from pathlib import Path
+
+    from calib.api import SystemModel, ingest_run, load_runs
+
+    h100 = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "h100"
+    for run in sorted((h100 / "runs").iterdir()):
+        ingest_run(run, system="h100-hf", store=tmp_path)
+    for bench in (h100 / "gemm-bench").iterdir():
+        shutil.copytree(bench, tmp_path / "h100-hf" / "runs" / bench.name)
+    model = SystemModel().fit(load_runs(system="h100-hf", store=tmp_path))
+    mx = replace(load_model("mixtral-8x7b"), seq_len=4096)
+    kw = dict(
+        hardware="dgx-h100", global_batch=64, recompute="full", flash_attention=True, zero=1, dist_opt=True
+    )
+    t1, t8 = (model.predict(mx, [64], ep=e, **kw).table.iloc[0] for e in (1, 8))
+    d_optim = (t1["mem_optimizer_gb"] - t8["mem_optimizer_gb"]) * 1e9
+    assert d_optim == pytest.approx(12 * (8 * 5_637_144_576 / 64 - 5_637_144_576 / 8), rel=1e-9)
+    assert t8["ep_cp_exposed_s"] > 0 and t8["iter_s"] > 0
