@@ -103,7 +103,11 @@ class ModelColumns:
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """One node type: per-GPU peak, HBM, and the scale-up / scale-out link bandwidths."""
+    """One node type: per-GPU peak, HBM, and the scale-up / scale-out link bandwidths.
+
+    The *target* machine's peak and GPUs per node; ``Calibration.peak_tflops`` / ``.gpus_per_node``
+    are the *calibrated* system's (the fitted efficiencies' denominator), see calibrate.calibration.
+    """
 
     name: str
     device: str

@@ -16,6 +16,7 @@ from numpy.typing import ArrayLike
 
 from calib.core.collective_names import busbw_factor
 from calib.core.errors import InputError
+from calib.core.strict import reject_unknown
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Segment:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Segment:
+        reject_unknown(d, cls, "segment")
         return cls(
             min_bytes=float(d["min_bytes"]),
             max_bytes=float(d["max_bytes"]),
@@ -115,6 +117,7 @@ class CollectiveCurve:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> CollectiveCurve:
+        reject_unknown(d, cls, "collective curve")
         return cls(
             **{
                 **d,
@@ -180,6 +183,7 @@ class NetworkScaling:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NetworkScaling:
+        reject_unknown(d, cls, "network scaling")
         return cls(
             collective=d["collective"],
             form=d["form"],
