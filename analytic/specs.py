@@ -182,6 +182,8 @@ def _read_mapping(path: Path) -> dict[str, Any]:
         raise InputError(path, "no such file") from None
     except OSError as exc:
         raise InputError(path, f"unreadable: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(path, f"not UTF-8 text (byte {exc.start})") from None
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
@@ -214,6 +216,8 @@ def _build(cls: type, where: str | Path, name: str, entry: Any, extra: dict[str,
         return cls(**data)
     except TypeError as exc:
         raise InputError(where, f"entry '{name}': {exc}") from None
+    except InputError as exc:  # a field's check names the entry; the file is where it is
+        raise InputError(where, f"entry '{name}': {exc.problem}") from None
 
 
 @cache

@@ -81,7 +81,7 @@ from calib.core.collective_names import (
     canonical,
 )
 from calib.core.errors import InputError
-from calib.core.strict import reject_unknown
+from calib.core.strict import check_types, reject_unknown
 
 NCCL_FORM = "nccl"  # calibrate.ncclmodel.FORM (not imported: the model imports this module's contract)
 CALIBRATION_FORMAT = "calib.calibration"
@@ -328,7 +328,7 @@ class Calibration:
             return Saturating.from_json(d[key]) if d.get(key) else None
 
         slots = d.get("compute_slots_per_node")
-        return cls(
+        cal = cls(
             **{
                 **d,
                 "collectives": tuple(CollectiveCurve.from_json(c) for c in d.get("collectives", ())),
@@ -344,6 +344,8 @@ class Calibration:
                 "schema_version": CALIBRATION_SCHEMA_VERSION,
             }
         )
+        check_types(cal, "calibration")
+        return cal
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (temporary file + rename): never a half-written calibration."""
