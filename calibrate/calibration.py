@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from calib.calibrate.calibration_check import check_physical
 from calib.calibrate.curves import (  # noqa: F401 - re-exported: the contract's public names
     CollectiveCurve,
     NetworkScaling,
@@ -345,6 +346,7 @@ class Calibration:
             }
         )
         check_types(cal, "calibration")
+        check_physical(cal)
         return cal
 
     def save(self, path: str | Path) -> Path:
@@ -375,7 +377,9 @@ class Calibration:
             )
         try:
             return cls.from_json(raw)
-        except (KeyError, TypeError, ValueError) as exc:
+        except KeyError as exc:
+            raise InputError(path, f"malformed calibration: missing field {exc}") from None
+        except (LookupError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(path, f"malformed calibration: {exc}") from None
 
 

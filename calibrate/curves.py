@@ -188,11 +188,17 @@ class NetworkScaling:
             collective=d["collective"],
             form=d["form"],
             g_gpus=int(d["g_gpus"]),
-            params={k: Param.from_json(v) for k, v in d["params"].items()},
+            params={k: Param.from_json(v) for k, v in _mapping(d["params"], "network.params").items()},
             quality=FitQuality.from_json(d.get("quality")),
             measured=tuple(tuple(m) for m in d.get("measured", ())),
             segments=tuple(Segment.from_json(x) for x in d.get("segments", ())),
         )
+
+
+def _mapping(v: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise ValueError(f"{what} must be an object, got {type(v).__name__}")
+    return v
 
 
 def _form_log(r: np.ndarray, p: Mapping[str, float]) -> np.ndarray:

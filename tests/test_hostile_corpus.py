@@ -4,7 +4,7 @@ Every case writes one mutated copy of a real input and runs the real command lin
 in-process (``calib.cli.main``, SystemExit captured):
 
 - a calibration JSON fitted from the Polaris nccl-tests logs -> ``calib show FILE --json``
-  (one case in eight: ``calib predict --calibration FILE``);
+  (one case in sixteen: ``calib predict --calibration FILE``);
 - a model YAML (the ``gpt-13b`` preset entry) and a hardware YAML (the ``polaris`` entry of
   ``analytic/data/hardware.yaml``) -> ``calib predict --model/--hardware FILE``;
 - nccl-tests logs (fixtures/nccl-tests, both NCCL versions) and a gloo CPU trace
@@ -28,11 +28,13 @@ import contextlib
 import gzip
 import hashlib
 import io
+import itertools
 import json
 import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -45,7 +47,13 @@ from calib.cli import main
 from tests.conftest import CPU_TRACES, FIXTURES
 
 #: cases per format (about 90 s in all on the 2-core development machine, with the other file)
-EXAMPLES = {k: int(os.environ.get("CALIB_HOSTILE_SCALE", "1.0").strip() and float(os.environ.get("CALIB_HOSTILE_SCALE", "1.0")) * v) for k, v in {"calibration": 2600, "model": 1500, "hardware": 1500, "nccl": 1400, "trace": 700}.items()}
+EXAMPLES = {
+    k: int(
+        os.environ.get("CALIB_HOSTILE_SCALE", "1.0").strip()
+        and float(os.environ.get("CALIB_HOSTILE_SCALE", "1.0")) * v
+    )
+    for k, v in {"calibration": 2600, "model": 1500, "hardware": 1500, "nccl": 1400, "trace": 700}.items()
+}
 SUBPROCESS_CASES = int(os.environ.get("CALIB_HOSTILE_SUBPROCESS", "40"))
 COUNT = {"cases": 0, "accepted": 0, "refused": 0}
 LOGS = sorted(
@@ -64,7 +72,16 @@ class World:
         self.root = root
         self.store = root / "store"
         for args in (
-            ["ingest", str(LOGS[0].parent), "--system", "polaris", "--store", str(self.store), "--name", "n2"],
+            [
+                "ingest",
+                str(LOGS[0].parent),
+                "--system",
+                "polaris",
+                "--store",
+                str(self.store),
+                "--name",
+                "n2",
+            ],
             ["fit", "--system", "polaris", "--store", str(self.store)],
         ):
             assert run(args)[0] == 0
@@ -110,11 +127,12 @@ def world(tmp_path_factory, request) -> World:
         print(f"\n{line}")
 
 
-def check(world: World, path: Path, code: int, stderr: str) -> None:
+def check(world: World, path: Path, code: int, stderr: str, store: Path | None = None) -> None:
     """The outcome rules of the module docstring, store included."""
+    store = store or world.store
     COUNT["cases"] += 1
     assert "Traceback" not in stderr, stderr
-    run_path = world.store / "polaris" / "runs" / HOSTILE_RUN
+    run_path = store / "polaris" / "runs" / HOSTILE_RUN
     if code == 0:
         COUNT["accepted"] += 1
         if run_path.exists():
@@ -126,12 +144,12 @@ def check(world: World, path: Path, code: int, stderr: str) -> None:
         assert code == 2, stderr
         assert len(lines) == 1 and lines[0].startswith("calib: "), stderr
         assert path.name in lines[0], f"the error does not name the file: {lines[0]}"
-    assert snapshot(world.store) == world.snapshot, f"store changed (exit {code}: {stderr.strip()})"
+    assert snapshot(store) == world.snapshot, f"store changed (exit {code}: {stderr.strip()})"
 
 
 def command(kind: str, path: Path, store: Path, variant: int = 0) -> list[str]:
     if kind == "calibration":
-        if variant == 0:
+        if variant == 0:  # one case in sixteen: the calibration in a prediction
             return ["predict", "--calibration", str(path), "--model", "gpt-125m", "--gpus", "8", "--json"]
         return ["show", str(path), "--json", "--nodes", "2", "--sizes", "1M", "--store", str(store)]
     if kind == "model":
@@ -153,8 +171,23 @@ ODD = st.one_of(
     st.dictionaries(st.sampled_from(["value", "x", "status", ""]), st.integers(-2, 2), max_size=2),
 )
 ODD_NUMBER = st.sampled_from(
-    [b"0", b"-1", b"nan", b"inf", b"-inf", b"1e308", b"1e-320", b"99999999999999999999999", b"-0", b"1.5.3", b"",
-     b"N/A", b"0x1F", b"1,5", b"\xff"]  # fmt: skip
+    [
+        b"0",
+        b"-1",
+        b"nan",
+        b"inf",
+        b"-inf",
+        b"1e308",
+        b"1e-320",
+        b"99999999999999999999999",
+        b"-0",
+        b"1.5.3",
+        b"",
+        b"N/A",
+        b"0x1F",
+        b"1,5",
+        b"\xff",
+    ]  # fmt: skip
 )
 
 
@@ -168,15 +201,34 @@ def _paths(obj, prefix=()):
             yield from _paths(v, (*prefix, i))
 
 
-def mutate_structure(doc, data):
-    """One structural change at a random path of a decoded JSON/YAML document."""
-    paths = [p for p in _paths(doc) if p]
-    if not paths:
-        return data.draw(ODD)
-    path = data.draw(st.sampled_from(paths))
+_PATHS: dict[int, list[tuple]] = {}
+
+
+def _at(doc, path: tuple):
+    """The parent of ``path`` in ``doc``, or None when an earlier mutation removed it."""
     parent = doc
     for k in path[:-1]:
-        parent = parent[k]
+        try:
+            parent = parent[k]
+        except (KeyError, IndexError, TypeError):
+            return None
+    ok = isinstance(parent, dict) and path[-1] in parent
+    ok = ok or (isinstance(parent, list) and isinstance(path[-1], int) and path[-1] < len(parent))
+    return parent if ok else None
+
+
+def mutate_structure(doc, data, base_key: int):
+    """One structural change at a random path of a decoded JSON/YAML document (paths of
+    the unmutated document, listed once per base)."""
+    if base_key not in _PATHS:
+        _PATHS[base_key] = [p for p in _paths(doc) if p]
+    paths = _PATHS[base_key]
+    if not paths or not isinstance(doc, (dict, list)):
+        return data.draw(ODD)
+    path = data.draw(st.sampled_from(paths))
+    parent = _at(doc, path)
+    if parent is None:
+        return doc
     key = path[-1]
     how = data.draw(st.sampled_from(["odd", "odd", "drop", "wrap", "add_key", "scale"]))
     if how == "odd":
@@ -205,7 +257,12 @@ def mutate_text(blob: bytes, data) -> bytes:
         pre = data.draw(st.sampled_from([b"\xef\xbb\xbf", b"\xff\xfe", b"", b"\x1f\x8b"]))
         body = blob.replace(b"\n", b"\r\n") if data.draw(st.booleans()) else blob
         i = data.draw(st.integers(0, len(body)))
-        return pre + body[:i] + data.draw(st.sampled_from([b"", b"\xc3\x28", b"\xed\xa0\x80", b"\x00"])) + body[i:]
+        return (
+            pre
+            + body[:i]
+            + data.draw(st.sampled_from([b"", b"\xc3\x28", b"\xed\xa0\x80", b"\x00"]))
+            + body[i:]
+        )
     if how == "insert":
         i = data.draw(st.integers(0, len(blob)))
         return blob[:i] + data.draw(st.binary(min_size=1, max_size=16)) + blob[i:]
@@ -247,7 +304,7 @@ def mutated(kind: str, world: World, data) -> tuple[bytes, str]:
         return mutate_text(base.encode(), data), suffix
     doc = json.loads(base) if suffix.endswith("json") else yaml.safe_load(base)
     for _ in range(data.draw(st.integers(1, 3))):
-        doc = mutate_structure(doc, data)
+        doc = mutate_structure(doc, data, hash(base))
     if suffix.endswith("json"):
         text = json.dumps(doc, allow_nan=True, default=str)
     else:
@@ -261,7 +318,7 @@ def one_case(kind: str, world: World, data) -> None:
         blob, suffix = gzip.compress(blob, 1), suffix + ".gz"
     path = world.work / f"case-{COUNT['cases']}{suffix}"
     path.write_bytes(blob)
-    variant = data.draw(st.integers(0, 7))
+    variant = data.draw(st.integers(0, 15))
     code, stderr = run(command(kind, path, world.store, variant))
     check(world, path, code, stderr)
     path.unlink()
@@ -307,25 +364,34 @@ def test_mutated_small_trace(world, data) -> None:
 
 
 def test_through_the_real_command_line(world) -> None:
-    """The same kinds of cases through the installed ``calib`` entry point, one process each
-    (``CALIB_HOSTILE_SUBPROCESS`` cases, default 40: each costs a Python start)."""
+    """Cases of every kind through the installed ``calib`` entry point, one process each
+    (``CALIB_HOSTILE_SUBPROCESS`` cases, default 40: each costs a Python start), two at a
+    time, each on its own copy of the store."""
     calib = Path(sys.executable).with_name("calib")
     kinds = sorted(EXAMPLES)
+    cases: list[tuple[Path, list[str], Path]] = []
+    serial = itertools.count()
 
     @settings(HYPOTHESIS, max_examples=SUBPROCESS_CASES)
     @given(data=st.data())
-    def case(data) -> None:
+    def draw(data) -> None:
         kind = data.draw(st.sampled_from(kinds))
         blob, suffix = mutated(kind, world, data)
-        path = world.work / f"proc-{COUNT['cases']}{suffix}"
+        case_dir = world.work / f"proc-{next(serial)}"
+        shutil.copytree(world.store, case_dir / "store")
+        path = case_dir / f"input{suffix}"
         path.write_bytes(blob)
-        proc = subprocess.run(
-            [str(calib), *command(kind, path, world.store, data.draw(st.integers(0, 7)))],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        check(world, path, proc.returncode, proc.stderr)
-        path.unlink()
+        args = command(kind, path, case_dir / "store", data.draw(st.integers(0, 15)))
+        cases.append((path, [str(calib), *args], case_dir / "store"))
 
-    case()
+    draw()
+
+    def one(case):
+        path, argv, _ = case
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=path.parent)
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(one, cases))
+    for (path, _, store), proc in zip(cases, results, strict=True):
+        check(world, path, proc.returncode, proc.stderr, store)
+    assert len(cases) >= SUBPROCESS_CASES
