@@ -113,16 +113,9 @@ def _is_derived(ns) -> bool:
 
 
 def compute_slots(cal: Calibration) -> Param | None:
-    """The effective compute slots per node the fit found (``provenance["node"]``), if any."""
-    node = (cal.provenance or {}).get("node") or {}
-    raw = node.get("compute_slots_per_node")
-    if not isinstance(raw, dict) or "value" not in raw:
-        return None
-    try:
-        p = Param.from_json(raw)
-    except (TypeError, ValueError):
-        return None
-    return p if p.value > 0 else None
+    """The effective compute slots per node the fit found (the calibration's field), if any."""
+    p = cal.compute_slots_per_node
+    return p if p is not None and p.value > 0 else None
 
 
 def same_device(a: str | None, b: str | None) -> bool:

@@ -184,11 +184,6 @@ class Table:
         })  # fmt: skip
 
 
-def predict_rows(df: pd.DataFrame, systems: dict[str, System]) -> pd.DataFrame:
-    """Predicted iteration time and the measured quantity's prediction, per row."""
-    return Table.of(df).rows(systems)
-
-
 def select_rows(df: pd.DataFrame, spec: str, where: str = "calibrate_on") -> np.ndarray:
     """Mask of rows named by 1-based numbers, ranges (3-5), labels or group tags, comma separated."""
     mask = np.zeros(len(df), dtype=bool)

@@ -391,6 +391,6 @@ def report(
 
 def demo(out: str | Path, fixtures: str | Path | None = None, echo: Callable[[str], None] = print) -> Path:
     """The whole pipeline on the bundled fixtures, in a store of its own under ``out``."""
-    from calib.demo_pipeline import FIXTURES, run_demo
+    from calib.demo_pipeline import run_demo
 
-    return run_demo(Path(out), Path(fixtures) if fixtures else FIXTURES, echo=echo)
+    return run_demo(Path(out), Path(fixtures) if fixtures else None, echo=echo)
