@@ -181,3 +181,33 @@ def test_distributed_optimizer_volume_and_overlap():
     tp = dict(base, tp=8, dp=8, seq_parallel=True)
     r0, r1 = (evaluate(m, SYS, Strategies.of(**tp, tp_overlap=x)) for x in (False, True))
     assert (1 - OV.TP_OVERLAP) * float(r0["tp_s"]) - 1e-12 <= float(r1["tp_s"]) < float(r0["tp_s"])
+
+
+@pytest.mark.parametrize(
+    ("preset", "row"),
+    [("dgx-h100", "NVIDIA H100 SXM5 80GB"), ("dgx-h200", "NVIDIA H200 SXM 141GB"), ("b200", "NVIDIA B200 SXM"),
+     ("mi300x", "AMD MI300X (OAM)")],
+)  # fmt: skip
+def test_fp8_peaks_equal_the_accelerator_table(preset, row):
+    """peak_fp8_tflops of each preset is the table's dense FP8 column (fixtures/published)."""
+    import pandas as pd
+    from calib.analytic.specs import HARDWARE_FILE
+
+    table = pd.read_csv(
+        HARDWARE_FILE.parents[2] / "fixtures" / "published" / "hardware_accelerator_specs.csv"
+    )
+    value = float(table.set_index("accelerator").loc[row, "peak_dense_fp8_tflops"])
+    assert load_hardware(preset).peak_fp8_tflops == value
+    assert load_hardware("dgx-a100-80gb").peak_fp8_tflops is None  # A100: no FP8 tensor cores
+
+
+def test_gb200_nvl72_is_one_nvlink_domain_of_72():
+    """NVIDIA's NVL72 figures: 72 GPUs on NVLink 5 (1.8 TB/s per GPU both ways = 900 one way);
+    a TP x EP group of 64 stays on the NVLink curve there, but spans 8 nodes of a DGX H100."""
+    nvl = load_hardware("gb200-nvl72")
+    assert nvl.gpus_per_node == 72 and nvl.scale_up_gbps == 900 and nvl.peak_fp8_tflops == 2 * nvl.peak_tflops
+    from calib.analytic.comm import members_per_node
+
+    assert (
+        members_per_node(64, 1, nvl.gpus_per_node) == 64 and members_per_node(64, 1, H100.gpus_per_node) == 8
+    )
