@@ -276,6 +276,8 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
     wd, gd, od = states(dense_p, g_dense)
     we, ge, oe = states(expert_p, g_exp)
     gathered = GATHERED_LAYERS * BYTES_WEIGHT * 12.0 * d * d / t
+    if MOE.is_moe(model):  # a gathered MoE layer also holds its E / ep experts
+        gathered = gathered + GATHERED_LAYERS * BYTES_WEIGHT * expert_p * p / MOE.terms(model)["L_moe"]
     weights = copies * (wd + we) + np.where(z == 3, gathered, 0.0)
     grads, optim = copies * (gd + ge), copies * (od + oe)
     keep = np.asarray(rc) != F.FULL
