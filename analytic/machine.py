@@ -25,6 +25,16 @@ from calib.calibrate.calibration import DEFAULT, Calibration, CollectiveCurve, P
 
 from calib.core.errors import InputError
 
+#: provenance key under which a validation fit stores its element-wise traffic factor (a
+#: :class:`System` setting, not a calibration curve; analytic.vfit.fitted_calibration)
+VECTOR_PASSES_KEY = "vector_passes"
+
+
+def saved_vector_passes(cal: Calibration) -> float | None:
+    """The element-wise traffic factor a validation fit stored in ``cal`` (None without one)."""
+    vp = (cal.provenance or {}).get(VECTOR_PASSES_KEY)
+    return float(vp["value"]) if isinstance(vp, dict) and vp.get("value") is not None else None
+
 
 def default_calibration(hw: HardwareSpec) -> Calibration:
     """``Calibration.defaults`` from a hardware spec (stated default efficiencies)."""
@@ -224,6 +234,9 @@ def build_system(
     # a GPU runs one rank at full speed: compute slots (time-sharing) describe CPU hosts
     slots = compute_slots(cal) if cal.device_model is None else None
     machine = System(cal, hw, compute_slots_per_node=slots.value if slots is not None else None)
+    if saved_vector_passes(cal) is not None:
+        machine = replace(machine, vector_passes=saved_vector_passes(cal))
+        notes.append(f"element-wise traffic {machine.vector_passes:.3g} HBM passes, fitted by a validation")
     if machine.k2_covers_other_kernels:
         notes.append(
             "k2 measured on traces: element-wise, normalisation and optimizer kernels are inside its 1 - k2 share "

@@ -27,9 +27,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 from calib.analytic import device_path as DP
 from calib.analytic import formulas as F
+from calib.analytic import zero_overlap as ZO
 from calib.analytic.bubble import pipeline_time_s
 from calib.analytic.comm import group_time_s, members_per_node
-from calib.analytic.memory import BYTES_GRAD, activations_bytes, memory_per_gpu
+from calib.analytic.memory import BYTES_GRAD, activations_bytes, logits_bytes, memory_per_gpu
 from calib.analytic.specs import HardwareSpec, ModelColumns, ModelSpec
 from calib.analytic.strategy import Strategies
 from calib.calibrate import device_step as D
@@ -275,7 +276,8 @@ def evaluate(
     bwd_window = lps * layer_compute * (f_train - f_fwd) / f_train
     fwd_window = lps * layer_compute * f_fwd / f_train
     ovl = st.dp_overlap
-    z3_exp = m * (np.maximum(0.0, ag - fwd_window) + np.maximum(0.0, (n_ag_mb - 1.0) * ag + rs3 - bwd_window))
+    # ZeRO-3 gathers/reduce-scatters hide under compute only up to a fraction (analytic.zero_overlap)
+    z3_exp = m * (ZO.exposed_s(ag, fwd_window) + ZO.exposed_s((n_ag_mb - 1.0) * ag + rs3, bwd_window))
     ar_hidden = np.maximum(0.0, ar - bwd_window)  # ZeRO-0/1 all-reduce under the last backward
     rs2_exp = m * np.maximum(0.0, rs2 - bwd_window)  # ZeRO-2 reduces under each backward
     # exposed DP time with overlap, per stage (the all-gather after the step never hides)
@@ -303,8 +305,10 @@ def evaluate(
     if dm is not None:
         mem = DP.memory(dm, fam, sh, params_gpu, b, t, p, dp, z, m, v, rc, sp, hw.runtime_reserve_gb * 1e9)
     else:
-        acts = activations_bytes(b, s, d, a, L, V, t, p, m, v, rc, sp, st.flash_attention)
-        mem = memory_per_gpu(params_gpu, d, t, dp, z, acts, hw.runtime_reserve_gb * 1e9)
+        acts = activations_bytes(b, s, d, a, L, V, t, p, m, v, rc, sp, st.flash_attention, logits=False)
+        mem = memory_per_gpu(
+            params_gpu, d, t, dp, z, acts, hw.runtime_reserve_gb * 1e9, logits_bytes(b, s, V, t, p)
+        )
     if lean:
         return {
             "iter_s": iter_s,
