@@ -54,7 +54,7 @@ def activations_bytes(
     per_layer = F.activation_bytes_layer(b, s, d, a, t, seq_parallel, rc, flash)
     in_flight = np.minimum(p, m)
     interleave = np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
-    acts = per_layer * (L / p) * in_flight * interleave
+    acts = per_layer * np.ceil(L / p) * in_flight * interleave  # the largest stage (analytic.uneven)
     acts = acts + np.where(
         rc == F.FULL, F.activation_bytes_layer(b, s, d, a, t, seq_parallel, F.NONE, flash), 0.0
     )

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from calib.analytic import device_path as DP
 from calib.analytic import formulas as F
+from calib.analytic import uneven as U
 from calib.analytic import zero_overlap as ZO
 from calib.analytic.bubble import pipeline_time_s
 from calib.analytic.comm import group_time_s, members_per_node
@@ -144,7 +145,8 @@ def stage_params(d, L, s, V, t, p, ffn=None, kv_frac=1.0, mlp_mats=2.0, tied=Tru
     """Parameters one GPU holds: its stage's layers plus the embedding (and an untied LM
     head on a single stage), over TP."""
     emb = V * d * np.where(np.asarray(tied, dtype=bool) | (np.asarray(p) > 1), 1.0, 2.0)
-    return ((L / p) * (F.layer_matrix_params(d, ffn, kv_frac, mlp_mats) + 13.0 * d) + emb + s * d) / t
+    n_max = U.stage_layers(L, p)[0]  # the largest stage when p does not divide L (analytic.uneven)
+    return (n_max * (F.layer_matrix_params(d, ffn, kv_frac, mlp_mats) + 13.0 * d) + emb + s * d) / t
 
 
 def shape_terms(model) -> tuple[np.ndarray, np.ndarray, float, bool]:
@@ -217,7 +219,7 @@ def evaluate(
     sp = st.seq_parallel
     B = st.global_batch.astype(float)
     m = B / (dp * b)
-    lps = L / p
+    lps, lps_last = U.stage_layers(L, p)  # layers of the largest and the last stage (analytic.uneven)
     full = rc == F.FULL
 
     # ranks sharing a node's compute slots run everything that much slower (1 on GPUs)
@@ -262,7 +264,8 @@ def evaluate(
     pp_mb = 2.0 * v * c["pp_p2p_s"]
 
     stage_mb = lps * (layer_compute + tp_layer) + pp_mb
-    pipeline, bubble = pipeline_time_s(stage_mb, head_compute, p, m, v)
+    head_mb = U.head_excess_s(head_compute, layer_compute + tp_layer, lps, lps_last)  # = head when even
+    pipeline, bubble = pipeline_time_s(stage_mb, head_mb, p, m, v)
 
     # ---- data parallel / ZeRO over the stage's parameter shard -------------------------
     params_gpu = stage_params(d, L, s, V, t, p, ffn, kv_frac, mats, tied)

@@ -201,3 +201,38 @@ def test_every_third_is_by_position():
     df, _ = read_table(SC21)
     assert np.flatnonzero(select_rows(df, "every-third")).tolist() == [0, 3, 6, 9]
     assert (select_rows(df, "every-third") == select_rows(df, "1,4,7,10")).all()
+
+
+# ---- g. uneven pipeline stages ------------------------------------------------------------
+def test_uneven_stage_layers_hand_worked():
+    from calib.analytic import uneven as U
+
+    # 126 layers over 16 stages: 14 stages of 8, the last two of 7 (14 * 8 + 2 * 7 = 126)
+    n_max, n_last = U.stage_layers([126, 128, 40], [16, 16, 3])
+    assert n_max.tolist() == [8, 8, 14] and n_last.tolist() == [7, 8, 13]
+    # the last stage: 7 layers of 2 s + a 3 s head = 17 s against 8 x 2 = 16 s: 1 s excess
+    assert U.head_excess_s(3.0, 2.0, 8, 7) == pytest.approx(1.0)
+    assert U.head_excess_s(1.5, 2.0, 8, 7) == pytest.approx(0.0)  # the full stages set the pace
+    assert U.head_excess_s(3.0, 2.0, 8, 8) == pytest.approx(3.0)  # even: the head adds in full
+
+
+def test_uneven_stages_slowest_stage_sets_the_pace():
+    from dataclasses import replace
+
+    from calib.analytic.machine import default_calibration
+    from calib.analytic.specs import load_hardware, load_model
+    from calib.analytic.strategy import Strategies, check_config
+    from calib.analytic.timemodel import System, evaluate
+
+    hw = load_hardware("dgx-h100")
+    system = System(default_calibration(hw), hw)
+    base = load_model("gpt3-175b")
+    st = Strategies.of(tp=1, pp=16, dp=8, micro_batch=1, global_batch=512, recompute=2)
+    m = 512 / 8
+    assert check_config(replace(base, n_layers=126), 128, 1, 16, 1, 512, recompute=2) == 8
+    r = {L: evaluate(replace(base, n_layers=L), system, st) for L in (112, 126, 128)}
+    layer = (r[128]["compute_s"] - r[112]["compute_s"]) / m  # one layer, one micro-batch (TP = 1)
+    head = r[128]["compute_s"] / m - 8 * layer
+    # 128 = 16 x 8: the last stage runs 8 layers + head; 126: 7 layers + head (or 8 layers)
+    assert r[128]["iter_s"] - r[126]["iter_s"] == pytest.approx(m * min(head, layer), rel=1e-6)
+    assert r[112]["iter_s"] < r[126]["iter_s"] < r[128]["iter_s"]
