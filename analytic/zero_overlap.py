@@ -33,8 +33,6 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from calib.core.errors import InputError
-
 #: default fraction of ZeRO-3 collective time that compute can hide (see module docstring)
 ZERO3_OVERLAP_FRACTION = 0.75
 
@@ -50,5 +48,5 @@ def exposed_s(
     w = np.asarray(compute_s, dtype=float)
     f = np.asarray(fraction, dtype=float)
     if np.any((f < 0.0) | (f > 1.0)):
-        raise InputError("zero_overlap_fraction", f"must be in [0, 1], got {f}")
+        raise ValueError(f"overlap fraction must be in [0, 1], got {f}")  # a constant, not user input
     return np.maximum(c - f * w, (1.0 - f) * c)

@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from click.testing import CliRunner
-
 from calib.analytic import zero_overlap as ZO
 from calib.analytic.memory import overflow_term
 from calib.analytic.validate import select_rows, validate
 from calib.analytic.vtable import read_table
+from click.testing import CliRunner
+
 from calib.cli import cli
 from calib.core.errors import InputError
 
@@ -97,7 +97,7 @@ def test_zero3_overlap_fraction_hand_worked():
     # the limits: f = 1 is the old perfect hiding, f = 0 no overlap
     assert ZO.exposed_s([2.0, 10.0], [8.0, 4.0], 1.0) == pytest.approx([0.0, 6.0])
     assert ZO.exposed_s(3.0, 100.0, 0.0) == pytest.approx(3.0)
-    with pytest.raises(InputError):
+    with pytest.raises(ValueError):
         ZO.exposed_s(1.0, 1.0, 1.5)
 
 
