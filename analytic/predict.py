@@ -79,7 +79,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
         df[k] = np.broadcast_to(r[k], n.shape)
     for k in ("weights", "grads", "optimizer", "activations", "total"):
         df[f"mem_{k}_gb"] = np.broadcast_to(r[f"mem_{k}_bytes"], n.shape) / GB
-    df["hbm_gb"] = system.hw.hbm_gb
+    df["hbm_gb"] = system.hw.hbm_bytes / GB  # capacity in the memory columns' GB (1e9 bytes)
     df["oom"] = np.broadcast_to(r["oom"], n.shape)
     df["tokens_per_s"] = r["tokens_per_s"]
     df["tflops_per_gpu"] = r["model_tflops_per_gpu"]
