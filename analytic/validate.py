@@ -278,7 +278,9 @@ def validate(
                 prm[name + "_range"] = [float(vals.min()), float(vals.max())]
         bounds = pd.Series([b for p in params for b in p["at_bound"]], dtype=object).value_counts()
         prm["at_bound"] = [f"{b} in {k} of {n} folds" for b, k in bounds.items()]
-        return Validation(rows, _summary(rows), prm, f"leave-one-out over {n} rows")
+        return Validation(
+            rows, _summary(rows, None, table.rows(systems)), prm, f"leave-one-out over {n} rows"
+        )
     if calibrate_on is not None:
         cal_rows = select_rows(df, calibrate_on)
         split = f"calibrated on {int(cal_rows.sum())} stated row(s): {calibrate_on}"
@@ -295,7 +297,7 @@ def validate(
         raise InputError("calibrate_on", "every row is a calibration row; nothing is held out")
     fitted, prm = fit(table, systems, cal_rows, fit_kind)
     rows = _annotate(table.rows(fitted).assign(role=np.where(cal_rows, "calibration", "held-out")), df, base)
-    return Validation(rows, _summary(rows, ~cal_rows), prm, split, fitted)
+    return Validation(rows, _summary(rows, ~cal_rows, table.rows(systems)), prm, split, fitted)
 
 
 def _annotate(rows: pd.DataFrame, df: pd.DataFrame, base: System | None) -> pd.DataFrame:
@@ -310,7 +312,17 @@ def _annotate(rows: pd.DataFrame, df: pd.DataFrame, base: System | None) -> pd.D
     )
 
 
-def _summary(rows: pd.DataFrame, held: np.ndarray | None = None) -> dict:
-    """Errors over the held-out rows; predicted-OOM counts over every (trained) row."""
+def _summary(
+    rows: pd.DataFrame, held: np.ndarray | None = None, unfitted: pd.DataFrame | None = None
+) -> dict:
+    """Errors over the held-out rows; predicted-OOM counts over every (trained) row; and the
+    same held-out errors without the fit (a fit that does worse than none says so)."""
     err = rows["err_pct"] if held is None else rows.loc[held, "err_pct"]
-    return {**summarise(err), **oom_summary(rows)}
+    out = {**summarise(err), **oom_summary(rows)}
+    if unfitted is not None:
+        base = summarise(unfitted["err_pct"] if held is None else unfitted.loc[held, "err_pct"])
+        out["unfitted_median_abs_pct"], out["unfitted_max_abs_pct"] = (
+            base["median_abs_pct"],
+            base["max_abs_pct"],
+        )
+    return out

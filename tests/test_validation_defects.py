@@ -262,3 +262,14 @@ def test_hbm_capacity_is_binary_and_every_trained_mosaic_row_fits():
     # every row of the table trained; with decimal GB nine of them (activations, 0.3-1.2 GB
     # over 40 / 80 GB) were said not to fit
     assert validate(df, str(MOSAIC), fit_kind="none").summary["n_predicted_oom"] == 0
+
+
+def test_summary_says_what_no_fit_gives_on_the_same_rows():
+    df, _ = read_table(SC21)
+    res = validate(df, str(SC21), calibrate_on="every-third")
+    none = validate(df, str(SC21), fit_kind="none").rows
+    held = (res.rows["role"] == "held-out").to_numpy()
+    assert res.summary["unfitted_median_abs_pct"] == pytest.approx(
+        np.median(np.abs(none.loc[held, "err_pct"]))
+    )
+    assert res.summary["unfitted_median_abs_pct"] > res.summary["median_abs_pct"]

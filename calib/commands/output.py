@@ -219,6 +219,13 @@ def validate_text(info: dict, rows: pd.DataFrame) -> str:
             f"held-out rows {s['n_heldout']}: median |err| {s['median_abs_pct']:.2f} %, mean {s['mean_abs_pct']:.2f} %, "
             f"max {s['max_abs_pct']:.2f} %"
         )
+    if s.get("unfitted_median_abs_pct") is not None:
+        worse = s["unfitted_median_abs_pct"] < s["median_abs_pct"]
+        out.append(
+            f"{'warning: ' if worse else ''}the same rows without the fit: median |err| "
+            f"{s['unfitted_median_abs_pct']:.2f} %, max {s['unfitted_max_abs_pct']:.2f} %"
+            + (" (the fit does worse than none)" if worse else "")
+        )
     out += [
         f"warning: fitted {b} (the fit wanted a value outside it)" for b in info["fit"].get("at_bound", [])
     ]
