@@ -73,7 +73,9 @@ def predict_text(table: pd.DataFrame, header: list[str], notes: list[str]) -> st
         )
         time.insert(1, "90% interval", band.to_numpy())
     mem = table[list(MEMORY_COLUMNS)].rename(columns=MEMORY_COLUMNS).round(1)
-    mem["OOM"] = np.where(table["oom"], "OOM", "ok")
+    mem["OOM"] = np.where(
+        table["oom"], "OOM: " + table.get("oom_term", pd.Series("", index=table.index)), "ok"
+    )
     rate = table[list(RATE_COLUMNS)].rename(columns=RATE_COLUMNS).copy()
     rate["MFU"] = (rate["MFU"] * 100).round(1).astype(str) + "%"
     rate["tokens/s"] = rate["tokens/s"].map(lambda v: f"{v:,.0f}")
