@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-from calib.analytic.specs import HardwareSpec, hardware_for_device
+from calib.analytic.specs import HardwareSpec, hardware_for_device, load_hardware
 from calib.analytic.timemodel import System
 from calib.calibrate.calibration import DEFAULT, Calibration, CollectiveCurve, Param
 
@@ -34,6 +34,18 @@ def saved_vector_passes(cal: Calibration) -> float | None:
     """The element-wise traffic factor a validation fit stored in ``cal`` (None without one)."""
     vp = (cal.provenance or {}).get(VECTOR_PASSES_KEY)
     return float(vp["value"]) if isinstance(vp, dict) and vp.get("value") is not None else None
+
+
+def _saved_hardware(cal: Calibration) -> HardwareSpec | None:
+    """The preset a validation fit ran on (``provenance.validation_hardware``), when it is this device."""
+    name = (cal.provenance or {}).get("validation_hardware")
+    if not name:
+        return None
+    try:
+        hw = load_hardware(str(name))
+    except InputError:
+        return None
+    return hw if hw.device == cal.device and hw.gpus_per_node == cal.gpus_per_node else None
 
 
 def default_calibration(hw: HardwareSpec) -> Calibration:
@@ -197,7 +209,7 @@ def build_system(
         )
         return _node(System(cal, hw), ranks_per_node, notes), notes
     where = origin or f"calibration of {cal.system}"
-    own = hardware_for_device(cal.device, cal.gpus_per_node)
+    own = _saved_hardware(cal) or hardware_for_device(cal.device, cal.gpus_per_node)
     notes.append(f"calibration {where} (system {cal.system})")
     traced_k2 = System(cal, own or host_spec(cal)).k2_covers_other_kernels
     if hw is None:

@@ -151,7 +151,7 @@ def fitted_calibration(system: System, name: str, params: dict, source: str) -> 
     prov = {
         "source": f"validation fit on a measured table ({source})",
         "fit": {k: v for k, v in params.items() if not isinstance(v, list) or k == "at_bound"},
-        "hardware": system.hw.name,
+        "validation_hardware": system.hw.name,
     }
     if "vector_passes" in params:
         prov[VECTOR_PASSES_KEY] = asdict(

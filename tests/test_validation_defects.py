@@ -195,16 +195,17 @@ def test_save_calibration_round_trip(tmp_path):
         "one fit" in bad("validate", str(SC21), "--loo", "--store", store, "--save-calibration", "x").problem
     )
 
-    # predict the SC21 1T row with the stored calibration: the validation's own prediction
+    # predict the SC21 1T row with the stored calibration: the validation's own prediction,
+    # on the hardware the fit ran on (stored with it) or named again
     row = next(r for r in out["per_row"] if r["label"] == "sc21-1T")
-    pred = json.loads(
-        run("predict", "--calibration", "sc21fit", "--store", store, "--hardware", "dgx-a100-80gb",
-            "--d", "25600", "--l", "128", "--a", "160", "--s", "2048", "--V", "51200", "--gpus", "3072",
-            "--tp", "8", "--pp", "64", "--micro-batch", "1", "--global-batch", "3072", "--recompute", "full",
-            "--json").output
-    )  # fmt: skip
-    it = pred["configs"][0]["iter_s"]
-    assert it == pytest.approx(row["pred_iter_s"], rel=1e-9)
+    shape = ("--d", "25600", "--l", "128", "--a", "160", "--s", "2048", "--V", "51200", "--gpus", "3072",
+             "--tp", "8", "--pp", "64", "--micro-batch", "1", "--global-batch", "3072", "--recompute", "full")  # fmt: skip
+    for hw in ((), ("--hardware", "dgx-a100-80gb")):
+        pred = json.loads(
+            run("predict", "--calibration", "sc21fit", "--store", store, *hw, *shape, "--json").output
+        )
+        assert pred["hardware"]["name"] == "dgx-a100-80gb"
+        assert pred["configs"][0]["iter_s"] == pytest.approx(row["pred_iter_s"], rel=1e-9)
     text = run("search", "--calibration", "sc21fit", "--store", store, "--model", "gpt3-175b", "--gpus", "64",
                "--top", "3").output  # fmt: skip
     assert "sc21fit" in text
