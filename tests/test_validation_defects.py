@@ -296,3 +296,13 @@ def test_every_third_heldout_bounds(table, median_max, max_max):
     s = validate(df, str(table), calibrate_on="every-third").summary
     assert s["median_abs_pct"] <= median_max and s["max_abs_pct"] <= max_max
     assert s["n_predicted_oom"] == 0  # every row of these tables trained
+
+
+def test_api_refuses_the_disagreement_too():
+    import calib
+
+    h100 = calib.SystemModel.from_hardware("dgx-h100")
+    with pytest.raises(InputError, match="'dgx-a100-80gb'.*'dgx-h100'"):
+        calib.validate(SC21, model=h100, calibrate_on="every-third")
+    res = calib.validate(SC21, model=h100, calibrate_on="every-third", override_hardware=True)
+    assert set(res.rows["hardware_override"]) == {"table: dgx-a100-80gb -> dgx-h100"}
