@@ -33,8 +33,8 @@ The compute-efficiency parameters the tables can identify (GEMM efficiency y_max
 the element-wise traffic factor; --fit) are fitted by least squares on a stated subset
 and errors are reported on the other rows only:
   --calibrate-on ROWS   1-based rows, ranges (3-5), labels or group tags, e.g. 1,4,7,10 or full
-  --holdout FRACTION    a seeded random fraction held out
   --calibrate-on every-third   rows 1, 4, 7, ... by position (chosen before any error is seen)
+  --holdout FRACTION    a seeded random fraction held out
   --loo                 leave-one-out: each row predicted by a fit to all the others (default)
   --fit none            the calibration as given, every row held out
 Errors are predicted/measured - 1 of the measured quantity (s, TFLOP/s or tokens/s), in %;
