@@ -4,11 +4,17 @@ The model's compute efficiency (the GEMM-efficiency curve, which end-to-end time
 separate from k1 and k2) is fitted by least squares on log(predicted / measured) over a
 *stated* subset of rows; errors are reported on the other rows only.  Three splits:
 
-* ``calibrate_on``: row numbers (1-based), labels or ``group`` tags,
+* ``calibrate_on``: row numbers (1-based), labels, ``group`` tags or ``every-third``
+  (rows 1, 4, 7, ... by position, fixed before any error is seen),
 * ``holdout``: a seeded random fraction held out,
 * leave-one-out: every row is predicted by a fit to all the others.
 
-``fit="none"`` evaluates the calibration as given (no row is used for fitting).
+``fit="none"`` evaluates the calibration as given (no row is used for fitting).  The
+fits themselves (and the warning for a parameter on its bound) are in :mod:`analytic.vfit`.
+Every result also says which rows the model predicts not to fit in memory and the term
+that overflows (all rows of a measured table trained, so each is a model error), the
+held-out errors without the fit, and, when one machine replaces the table's hardware
+column, the override per row.
 """
 
 from __future__ import annotations
