@@ -259,7 +259,7 @@ def dist_opt_exposed(st, rs, ag, bwd_window, fwd_window) -> tuple[np.ndarray, np
 
 
 # ---- memory --------------------------------------------------------------------------------
-def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, reserve_bytes):
+def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, reserve_bytes, logits=0.0):
     """Weights, gradients, optimizer states (dense over d c, experts over EDP), activations."""
     from calib.analytic.memory import BYTES_GRAD, BYTES_WEIGHT, GATHERED_LAYERS
 
@@ -288,12 +288,13 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
         T = b * s_loc / t
         per = MOE.activation_bytes_layer(model, T, d, mats) - MOE.DENSE_MLP_ACT * sbd
         extra = extra + per * MOE.terms(model)["L_moe"] / p
-    acts = (acts + np.where(keep, extra * in_flight, 0.0)) * in_flight_scale(p, st.schedule)
+    acts = (acts + np.where(keep, extra * in_flight, 0.0)) * in_flight_scale(p, st.schedule) + logits
     return {
         "mem_weights_bytes": weights,
         "mem_grads_bytes": grads,
         "mem_optimizer_bytes": optim,
-        "mem_activations_bytes": acts,
+        "mem_activations_bytes": acts,  # with the logits, also given on their own (analytic.memory)
+        "mem_logits_bytes": np.asarray(logits, dtype=float),
         "mem_total_bytes": weights + grads + optim + acts + reserve_bytes,
     }
 

@@ -28,9 +28,11 @@ import numpy as np
 from calib.analytic import device_path as DP
 from calib.analytic import formulas as F
 from calib.analytic import modern as X
+from calib.analytic import uneven as U
+from calib.analytic import zero_overlap as ZO
 from calib.analytic.bubble import pipeline_time_s
 from calib.analytic.comm import group_time_s, members_per_node
-from calib.analytic.memory import BYTES_GRAD, activations_bytes, memory_per_gpu
+from calib.analytic.memory import BYTES_GRAD, activations_bytes, logits_bytes, memory_per_gpu
 from calib.analytic.specs import HardwareSpec, ModelColumns, ModelSpec
 from calib.analytic.strategy import Strategies
 from calib.calibrate import device_step as D
@@ -144,7 +146,8 @@ def stage_params(d, L, s, V, t, p, ffn=None, kv_frac=1.0, mlp_mats=2.0, tied=Tru
     """Parameters one GPU holds: its stage's layers plus the embedding (and an untied LM
     head on a single stage), over TP."""
     emb = V * d * np.where(np.asarray(tied, dtype=bool) | (np.asarray(p) > 1), 1.0, 2.0)
-    return ((L / p) * (F.layer_matrix_params(d, ffn, kv_frac, mlp_mats) + 13.0 * d) + emb + s * d) / t
+    n_max = U.stage_layers(L, p)[0]  # the largest stage when p does not divide L (analytic.uneven)
+    return (n_max * (F.layer_matrix_params(d, ffn, kv_frac, mlp_mats) + 13.0 * d) + emb + s * d) / t
 
 
 def shape_terms(model) -> tuple[np.ndarray, np.ndarray, float, bool]:
@@ -225,7 +228,7 @@ def evaluate(
     sp = st.seq_parallel
     B = st.global_batch.astype(float)
     m = B / (dp * b)
-    lps = L / p
+    lps, lps_last = U.stage_layers(L, p)  # layers of the largest and the last stage (analytic.uneven)
     full = rc == F.FULL
 
     # ranks sharing a node's compute slots run everything that much slower (1 on GPUs)
@@ -289,8 +292,11 @@ def evaluate(
     xl_total, xl_exposed = X.layer_comm(model, st, c, rc, layer_compute, attn_core_s)
 
     stage_mb = lps * (layer_compute + tp_layer + xl_exposed) + pp_mb
+    head_mb = U.head_excess_s(
+        head_compute, layer_compute + tp_layer + xl_exposed, lps, lps_last
+    )  # = head when even
     fwd_sh, w_sh = X.schedule_shares(f_fwd, f_train, attn_fwd)
-    pipeline, bubble = pipeline_time_s(stage_mb, head_compute, p, m, v, st.schedule, fwd_sh, w_sh)
+    pipeline, bubble = pipeline_time_s(stage_mb, head_mb, p, m, v, st.schedule, fwd_sh, w_sh)
 
     # ---- data parallel / ZeRO over the stage's parameter shard -------------------------
     shared_p, expert_p = X.moe_params(model, d, t, p, st.ep, mats)
@@ -306,7 +312,8 @@ def evaluate(
     bwd_window = lps * layer_compute * (f_train - f_fwd) / f_train
     fwd_window = lps * layer_compute * f_fwd / f_train
     ovl = st.dp_overlap
-    z3_exp = m * (np.maximum(0.0, ag - fwd_window) + np.maximum(0.0, (n_ag_mb - 1.0) * ag + rs3 - bwd_window))
+    # ZeRO-3 gathers/reduce-scatters hide under compute only up to a fraction (analytic.zero_overlap)
+    z3_exp = m * (ZO.exposed_s(ag, fwd_window) + ZO.exposed_s((n_ag_mb - 1.0) * ag + rs3, bwd_window))
     ar_hidden = np.maximum(0.0, ar - bwd_window)  # ZeRO-0/1 all-reduce under the last backward
     rs2_exp = m * np.maximum(0.0, rs2 - bwd_window)  # ZeRO-2 reduces under each backward
     # exposed DP time with overlap, per stage (the all-gather after the step never hides)
@@ -343,12 +350,13 @@ def evaluate(
         if st.is_modern or X.MOE.is_moe(model):
             mem = X.adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc)
     else:
-        acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash)
+        acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, logits=False)
+        lg = logits_bytes(b, s_loc, V, t, p)
         if st.is_modern or X.MOE.is_moe(model):
             mem = X.memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc,
-                           hw.runtime_reserve_gb * 1e9)  # fmt: skip
+                           hw.runtime_reserve_gb * 1e9, lg)  # fmt: skip
         else:
-            mem = memory_per_gpu(params_gpu, d, t, dp, z, acts, hw.runtime_reserve_gb * 1e9)
+            mem = memory_per_gpu(params_gpu, d, t, dp, z, acts, hw.runtime_reserve_gb * 1e9, lg)
     if lean:
         return {
             "iter_s": iter_s,
