@@ -58,6 +58,8 @@ class Space:
     dist_opt: bool = False
     tp_overlap: bool = False
     master: int = 0
+    #: PP sizes that do not divide the layers (analytic.uneven: extra layers on the first stages)
+    uneven_pp: bool = False
 
 
 def layouts(
@@ -76,7 +78,7 @@ def layouts(
     td = divisors(a)
     td = td[td <= (space.max_tp or td.max())]
     cd = np.array(sorted(set(space.cp)), dtype=np.int64)
-    pdv = divisors(L)
+    pdv = np.arange(1, L + 1) if space.uneven_pp else divisors(L)
     n4, t4, c4, p4 = np.meshgrid(N, td, cd, pdv, indexing="ij")
     ok = (n4 % (t4 * c4 * p4) == 0) & ((c4 == 1) | (S % (2 * c4) == 0))
     if space.cp_kind == 1:
@@ -98,7 +100,12 @@ def layouts(
     p_i = p1[i]
     ok = (ps[None, :] == 0) & (
         (pv[None, :] == 1)
-        | ((p_i[:, None] > 1) & ((L // p_i)[:, None] % pv[None, :] == 0) & ((m % p_i)[:, None] == 0))
+        | (
+            (p_i[:, None] > 1)
+            & ((L % p_i)[:, None] == 0)
+            & ((L // p_i)[:, None] % pv[None, :] == 0)
+            & ((m % p_i)[:, None] == 0)
+        )
     )
     ok |= (ps[None, :] == 1) & (p_i[:, None] > 1) & (m[:, None] >= p_i[:, None])
     ok |= (ps[None, :] == 2) & (p_i[:, None] > 1) & (p_i[:, None] % 2 == 0) & (m[:, None] >= 2 * p_i[:, None])

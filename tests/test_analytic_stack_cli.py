@@ -139,3 +139,20 @@ def test_search_cli_moe_with_new_axes():
     text = run("search", "--model", "deepseek-v3", "--gpus", "2048", "--hardware", "dgx-h100", "--precision",
                "fp8", "--no-interleave", "--zero", "1", "--top", "2").output  # fmt: skip
     assert "EP/CP s" in text and "best strategies" in text
+
+
+def test_uneven_pp_layouts_reach_deepseek_v3s_pp16():
+    """DeepSeek-V3's 61 layers: only PP 1 or 61 divide them; with --uneven-pp the search also
+    takes PP = 16 (the report's layout, sec. 3.2: PP 16, EP 64), never interleaved when
+    uneven (analytic.uneven)."""
+    ds = load_model("deepseek-v3")
+    even = layouts(ds, 2048, 15360, Space(schedules=(0, 1, 2)))
+    assert set(even["pp"].tolist()) <= {1, 61}
+    lay = layouts(ds, 2048, 15360, Space(schedules=(0, 1, 2), uneven_pp=True))
+    assert np.any((lay["pp"] == 16) & (lay["ep"] == 64) & (lay["schedule"] == 2))
+    assert np.all((lay["interleave"] == 1) | (61 % lay["pp"] == 0))
+    out = json.loads(
+        run("search", "--model", "deepseek-v3", "--gpus", "2048", "--hardware", "dgx-h100", "--uneven-pp",
+            "--no-interleave", "--zero", "1", "--precision", "fp8", "--top", "1", "--json").output
+    )  # fmt: skip
+    assert out["top"][0]["pp"] not in (1, 61)

@@ -116,6 +116,8 @@ Examples:
               help="GEMM precision for every strategy (fp8: the hardware's peak_fp8_tflops).")  # fmt: skip
 @click.option("--master-weights", type=Choice(("fp32", "bf16")), default="fp32", show_default=True,
               help="Optimizer master weights.")  # fmt: skip
+@click.option("--uneven-pp", is_flag=True,
+              help="Also PP sizes that do not divide the layers (extra layers on the first stages).")  # fmt: skip
 @click.option("--distributed-optimizer", is_flag=True,
               help="ZeRO-1 strategies run Megatron's distributed optimizer (reduce-scatter + all-gather).")  # fmt: skip
 @click.option(
@@ -139,7 +141,8 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         raise InputError("--json", "give either --json or --csv")
     moe = pop_moe(shape)
     stack = {k: shape.pop(k) for k in ("cp_sizes", "cp_kind", "ep_sizes", "schedules", "precision",
-                                       "master_weights", "distributed_optimizer", "tp_comm_overlap")}  # fmt: skip
+                                       "master_weights", "distributed_optimizer", "tp_comm_overlap",
+                                       "uneven_pp")}  # fmt: skip
     model = apply_moe(resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape), **moe)
     B = global_batch or model.global_batch
     if B is None:
@@ -165,6 +168,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         dist_opt=stack["distributed_optimizer"],
         tp_overlap=stack["tp_comm_overlap"],
         master=master_code(stack["master_weights"]),
+        uneven_pp=stack["uneven_pp"],
     )
     if space.fp8 and not machine.hw.peak_fp8_tflops:
         raise InputError("--precision", f"hardware {machine.hw.name} states no peak_fp8_tflops")
