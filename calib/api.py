@@ -290,6 +290,51 @@ class SystemModel:
         result = run_predict(spec, machine, counts, Plan(recompute=recompute_code(recompute), **plan))
         return replace(result, notes=notes + result.notes)
 
+    def energy(
+        self,
+        model: str | ModelSpec,
+        gpus: int | Sequence[int],
+        *,
+        tokens: float | None = None,
+        price_per_gpu_hour: float | None = None,
+        dtype: str = "bf16",
+        power: str | Path | None = None,
+        hardware: str | HardwareSpec | None = None,
+        recompute: str = "none",
+        **plan: Any,
+    ) -> Prediction:
+        """:meth:`predict` with energy and power per iteration, the DVFS-optimal clock and, with
+        ``tokens``, energy, time, GPU-hours and cost to solution (``calib predict --energy``).
+        ``power``: a ``calib fit --power`` JSON; default datasheet values (status default)."""
+        from calib.analytic.formulas import recompute_code
+        from calib.commands.energy_cli import add_energy
+
+        result = self.predict(model, gpus, hardware=hardware, recompute=recompute, **plan)
+        machine, _ = self.machine(hardware)
+        p = Plan(recompute=recompute_code(recompute), **plan)
+        out, notes = add_energy(_model(model), machine, result, p, None, None, tokens, price_per_gpu_hour,
+                                dtype, str(power) if power else None)  # fmt: skip
+        return replace(out, notes=result.notes + notes)
+
+    def dvfs_curve(
+        self, model: str | ModelSpec, gpus: int, *, dtype: str = "bf16", power: str | Path | None = None,
+        hardware: str | HardwareSpec | None = None, recompute: str = "none", **plan: Any,
+    ) -> Any:  # fmt: skip
+        """Seed 003's trade-off for one configuration: SM clock (MHz) against time, energy, power."""
+        import pandas as pd
+
+        from calib.analytic.energy import dvfs_curve, energy_of_table
+        from calib.analytic.formulas import recompute_code
+        from calib.commands.energy_cli import power_spec
+
+        result = self.predict(model, [gpus], hardware=hardware, recompute=recompute, **plan)
+        machine, _ = self.machine(hardware)
+        pw = power_spec(machine.hw, None, None, dtype, str(power) if power else None)
+        _, w = energy_of_table(
+            _model(model), machine, result.table, Plan(recompute=recompute_code(recompute), **plan), pw
+        )
+        return pd.DataFrame(dvfs_curve(pw, w))
+
     def search(
         self,
         model: str | ModelSpec,
@@ -298,9 +343,13 @@ class SystemModel:
         global_batch: int | None = None,
         top: int = 10,
         hardware: str | HardwareSpec | None = None,
+        objective: str = "time",
+        dtype: str = "bf16",
+        power: str | Path | None = None,
         **space: Any,
     ) -> SearchResult:
-        """Every valid strategy on ``gpus``, ranked by iteration time (``space``: :class:`Space` fields)."""
+        """Every valid strategy on ``gpus``, ranked by ``objective`` (time, energy or cost;
+        ``space``: :class:`Space` fields)."""
         from calib.analytic.formulas import RECOMPUTE_NAMES
         from calib.analytic.search import search as run_search
 
@@ -309,7 +358,12 @@ class SystemModel:
         if batch is None:
             raise InputError("global_batch", f"model {spec.label} has no default global batch; give one")
         machine, _ = self.machine(hardware)
-        res = run_search(spec, machine, gpus, batch, Space(**space), top)
+        pw = None
+        if objective == "energy":
+            from calib.commands.energy_cli import power_spec
+
+            pw = power_spec(machine.hw, None, None, dtype, str(power) if power else None)
+        res = run_search(spec, machine, gpus, batch, Space(**space), top, objective=objective, power=pw)
 
         def named(df):
             return df.assign(recompute=[RECOMPUTE_NAMES[i] for i in df["recompute"]]) if not df.empty else df

@@ -1,0 +1,93 @@
+"""Energy options shared by ``calib predict --energy``, ``calib search --objective`` and ``calib fit --power``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from calib.core.errors import InputError
+from calib.core.store import default_store, system_dir
+
+ENERGY_COLUMNS = {
+    "gpus": "GPUs", "clock_scale": "clock", "power_w_per_gpu": "W/GPU", "energy_kj_per_iter": "kJ/iter",
+    "energy_j_per_token": "J/token", "f_opt_mhz": "opt MHz", "energy_saving_opt": "saving@opt",
+    "slowdown_opt": "slowdown@opt",
+}  # fmt: skip
+SOLUTION_COLUMNS = {
+    "gpus": "GPUs", "time_to_solution_h": "hours", "gpu_hours": "GPU-hours",
+    "energy_to_solution_mwh": "MWh", "cost": "cost",
+}  # fmt: skip
+
+
+def power_path(store: str | Path | None, system: str) -> Path:
+    return system_dir(Path(store or default_store()), system) / f"{system}.power.json"
+
+
+def read_power_fit(path: str | Path) -> dict:
+    """A ``calib fit --power`` result; one-line InputError naming the file when it is not one."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError(p, "no such file") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(p, f"not a power fit JSON: {exc}") from None
+    for k in ("static_w", "dynamic_w"):
+        if not isinstance(data.get(k), dict) or not isinstance(data[k].get("value"), (int, float)):
+            raise InputError(p, f"field {k} must be {{value, stderr}} (written by calib fit --power)")
+    return data
+
+
+def power_spec(hw, system: str | None, store, dtype: str, power_file: str | None):
+    """The power data: the given fit, else the system's stored fit, else datasheet values."""
+    from calib.analytic.energy import load_power
+
+    fitted = None
+    if power_file:
+        fitted = read_power_fit(power_file)
+    elif system and power_path(store, system).exists():
+        fitted = read_power_fit(power_path(store, system))
+    return load_power(hw, dtype, fitted)
+
+
+def add_energy(model, machine, result, plan, system, store, tokens, price, dtype, power_file):
+    """``result`` with the energy columns added, and notes on where the power numbers come from."""
+    from dataclasses import replace
+
+    from calib.analytic.energy import energy_of_table
+
+    if tokens is not None and not tokens > 0:
+        raise InputError("tokens", f"must be positive, got {tokens}")
+    if price is not None and (price < 0 or tokens is None):
+        raise InputError("price_per_gpu_hour", "must be non-negative and given with a token budget")
+    power = power_spec(machine.hw, system, store, dtype, power_file)
+    cols, _ = energy_of_table(model, machine, result.table, plan, power, tokens, price)
+    table = result.table.assign(**{k: np.broadcast_to(v, (len(result.table),)) for k, v in cols.items()})
+    notes = list(power.notes)
+    notes.append(
+        "power: " + "; ".join(f"{n} {v:.4g} ({s})" for n, v, s, _ in power.rows() if n != "v_floor_ratio")
+    )
+    if table["throttled"].any():
+        notes.append("power cap: some configurations run below the top clock (busy power above the cap)")
+    return replace(result, table=table), notes
+
+
+def energy_text(table: pd.DataFrame) -> str:
+    e = table[list(ENERGY_COLUMNS)].rename(columns=ENERGY_COLUMNS).copy()
+    for c in ("saving@opt", "slowdown@opt"):
+        e[c] = (e[c] * 100).round(1).astype(str) + "%"
+    e["opt MHz"] = e["opt MHz"].round(0)
+    out = ["energy per iteration (all GPUs) at the top clock under the power cap; DVFS optimum", _ind(e)]
+    if "time_to_solution_h" in table:
+        cols = {k: v for k, v in SOLUTION_COLUMNS.items() if k in table}
+        out += ["", "to solution", _ind(table[list(cols)].rename(columns=cols).round(3))]
+    return "\n".join(out) + "\n"
+
+
+def _ind(df: pd.DataFrame) -> str:
+    return "\n".join(
+        "  " + line for line in df.to_string(index=False, float_format=lambda v: f"{v:.4g}").splitlines()
+    )
