@@ -88,8 +88,8 @@ class PowerSpec:
         v0 = self.v_floor_ratio.value
         return v0 + (1.0 - v0) * np.clip((np.asarray(s) - s_min) / max(1.0 - s_min, 1e-9), 0.0, 1.0)
 
-    def rows(self) -> list[tuple[str, float, str, str]]:
-        """(name, value, status, source) for display."""
+    def rows(self) -> list[tuple[str, float, str, str, float]]:
+        """(name, value, status, source, standard error) for display."""
         out = [
             ("power_cap_w", self.power_cap_w),
             ("static_w", self.static_w),
@@ -101,7 +101,7 @@ class PowerSpec:
             ("f_min_mhz", self.f_min_mhz),
             ("v_floor_ratio", self.v_floor_ratio),
         ]
-        return [(n, q.value, q.status, q.source) for n, q in out]
+        return [(n, q.value, q.status, q.source, q.stderr) for n, q in out]
 
 
 def _q(entry, where: str) -> Quantity:

@@ -68,8 +68,14 @@ def add_energy(model, machine, result, plan, system, store, tokens, price, dtype
     table = result.table.assign(**{k: np.broadcast_to(v, (len(result.table),)) for k, v in cols.items()})
     notes = list(power.notes)
     notes.append(
-        "power: " + "; ".join(f"{n} {v:.4g} ({s})" for n, v, s, _ in power.rows() if n != "v_floor_ratio")
+        "power: "
+        + "; ".join(
+            f"{n} {v:.4g}" + (f" +- {e:.2g}" if np.isfinite(e) else "") + f" ({st})"
+            for n, v, st, _, e in power.rows()
+            if n != "v_floor_ratio"
+        )
     )
+
     if table["throttled"].any():
         notes.append("power cap: some configurations run below the top clock (busy power above the cap)")
     return replace(result, table=table), notes
@@ -90,4 +96,36 @@ def energy_text(table: pd.DataFrame) -> str:
 def _ind(df: pd.DataFrame) -> str:
     return "\n".join(
         "  " + line for line in df.to_string(index=False, float_format=lambda v: f"{v:.4g}").splitlines()
+    )
+
+
+def fit_power(system: str, store, out, samples_file) -> str:
+    """``calib fit --power``: static and dynamic power from NVML samples; the JSON path and a summary."""
+    from calib.analytic.energy import load_power
+    from calib.analytic.specs import hardware_for_device
+    from calib.calibrate.power import fit_static_dynamic, read_power_samples
+    from calib.core.atomic import write_text
+
+    df, meta = read_power_samples(samples_file)
+    device = meta.get("device", "")
+    hw = hardware_for_device(device)
+    if hw is None:
+        raise InputError(samples_file, f"device '{device}' of the samples matches no hardware preset")
+    spec = load_power(hw)
+    s = df["sm_clock_mhz"].to_numpy() / spec.f_max_mhz.value
+    activity = df["gpu_util_pct"].to_numpy() / 100.0 * s * spec.voltage(s) ** 2
+    fit = fit_static_dynamic(df["power_w"].to_numpy(), activity, Path(samples_file).name)
+    fit |= {"device": device, "model": "power = static + dynamic x util x (f/f_max) x V(f)^2",
+            "f_max_mhz": spec.f_max_mhz.value, "v_floor_ratio": spec.v_floor_ratio.value}  # fmt: skip
+    target = Path(out) if out else power_path(store, system)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_text(target, json.dumps(fit, indent=2) + "\n")
+    except OSError as exc:
+        raise InputError(str(target), f"cannot write the power fit: {exc.strerror or exc}") from None
+    st, dy = fit["static_w"], fit["dynamic_w"]
+    return (
+        f"power fit for {system} ({device}, {fit['n_samples']} samples, R^2 {fit['r2']:.4f}): "
+        f"static {st['value']:.1f} +- {st['stderr']:.1f} W, dynamic at full load {dy['value']:.1f} +- "
+        f"{dy['stderr']:.1f} W (fitted)\npower fit written to {target}"
     )
