@@ -129,3 +129,47 @@ def fit_power(system: str, store, out, samples_file) -> str:
         f"static {st['value']:.1f} +- {st['stderr']:.1f} W, dynamic at full load {dy['value']:.1f} +- "
         f"{dy['stderr']:.1f} W (fitted)\npower fit written to {target}"
     )
+
+
+PLACED = ["rank", "gpus", "tp", "pp", "dp", "micro_batch", "interleave", "zero", "recompute", "iter_s"]
+
+
+def axis_search(
+    model, machine, counts, B, space, top, domain, offload_gbps, offload_gb, as_json, notes
+) -> str:
+    """``calib search --nvlink-domain`` (placement axis) or ``--offload-gbps`` (offload knobs)."""
+    from dataclasses import replace
+
+    from calib.commands import output
+
+    if domain and offload_gbps is not None:
+        raise InputError("nvlink_domain", "give either a placement axis or an offload axis, not both")
+    if domain:
+        from calib.analytic.placement import placement_search
+
+        df = placement_search(model, machine, counts, B, space, domain, top)
+        cols = PLACED + ["placement", "comm_placed_s", "iter_placed_s"]
+        head = f"placement on NVLink domains of {domain} GPUs (innermost group first), ranked by placed time"
+    else:
+        from calib.analytic.offload import offload_search
+
+        if offload_gbps < 0 or offload_gb < 0:
+            raise InputError("offload_gbps", "offload bandwidth and capacity must be >= 0")
+        hw = replace(machine.hw, offload_gb=offload_gb, offload_gbps=offload_gbps)
+        df, n, fit = offload_search(model, replace(machine, hw=hw), counts, B, space, top)
+        if not df.empty:
+            df.insert(0, "rank", range(1, len(df) + 1))
+        cols = PLACED + ["weight_offload", "activation_offload", "optimizer_offload", "offload_exposed_s",
+                         "iter_offload_s", "hbm_gb", "offload_gib", "offload_required_gbps"]  # fmt: skip
+        head = (f"offload {offload_gb:g} GB per GPU at {offload_gbps:g} GB/s per direction: {n:,} strategies, "
+                f"{fit:,} fit in HBM + offload memory")  # fmt: skip
+    if as_json:
+        return output.dumps({"notes": notes, "top": output.records(df)})
+    if df.empty:
+        return head + "\nno strategy fits\n"
+    body = df[[c for c in cols if c in df]].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+    return "\n".join([head, _ind_text(body), *[f"note: {x}" for x in notes]]) + "\n"
+
+
+def _ind_text(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())

@@ -33,6 +33,8 @@ FLAGS: dict[str, str] = {
     "max_tp": "--max-tp",
     "objective": "--objective",
     "tokens": "--tokens",
+    "nvlink_domain": "--nvlink-domain",
+    "offload_gbps": "--offload-gbps",
     "price_per_gpu_hour": "--price-per-gpu-hour",
     # fit
     "where": "--where",

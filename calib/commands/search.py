@@ -103,12 +103,27 @@ Examples:
     help="Matmul data type for the energy per FLOP (with --objective energy).",
 )
 @click.option("--power", "power_file", metavar="FILE", help="Fitted power JSON (calib fit --power).")
+@click.option(
+    "--nvlink-domain",
+    type=Int(1),
+    help="Placement axis: re-time the fastest strategies under every placement of their TP/DP/PP groups on "
+    "NVLink domains of this many GPUs (4, 8, 72 ...) and rank by the placed time (seed 002).",
+)
+@click.option(
+    "--offload-gbps",
+    type=float,
+    help="Offload axis (seeds 000/001): host memory at this bandwidth per GPU and direction; the search adds "
+    "weight, activation and optimizer offload knobs and ranks by time with the exposed offload traffic.",
+)
+@click.option(
+    "--offload-gb", type=float, default=1024.0, show_default=True, help="Offload capacity per GPU (GB)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the ranked strategies as CSV.")
 @click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
 def search(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus,
-           global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, objective, dtype, power_file, as_json,
-           as_csv, out, **shape):  # fmt: skip
+           global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, objective, dtype, power_file,
+           nvlink_domain, offload_gbps, offload_gb, as_json, as_csv, out, **shape):  # fmt: skip
     from calib.analytic.formulas import RECOMPUTE_NAMES
     from calib.analytic.search import Space
     from calib.analytic.search import search as run_search
@@ -141,6 +156,16 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
 
         power = power_spec(machine.hw, system, store, dtype, power_file)
         notes = notes + list(power.notes)
+    if nvlink_domain or offload_gbps is not None:
+        from calib.commands.energy_cli import axis_search
+
+        text = axis_search(
+            model, machine, counts, B, space, top, nvlink_domain, offload_gbps, offload_gb, as_json, notes
+        )
+        text = output.emit(text, out)
+        if text is not None:
+            click.echo(text, nl=False)
+        return
     res = run_search(model, machine, counts, B, space, top, objective=objective, power=power)
     if objective != "time":
         notes = notes + [f"ranked by {objective}: " + ("joules per token at the top clock" if objective == "energy"
