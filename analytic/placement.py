@@ -99,20 +99,16 @@ def best_placement(model, sizes, domain, hw, micro_batch, microbatches, params_p
     return rows
 
 
-def placement_map(sizes: dict[str, int], order, domain: int, n_domains: int = 2) -> np.ndarray:
-    """Ranks of the first ``n_domains`` NVLink domains labelled by their group coordinates (for the report)."""
-    n = min(int(np.prod([sizes.get(d, 1) for d in order])), domain * n_domains)
-    ranks = np.arange(n)
-    coords = {}
-    stride = 1
+def placement_map(sizes: dict[str, int], order, domain: int, n_domains: int = 2) -> dict[str, np.ndarray]:
+    """Group coordinates of the ranks of the first ``n_domains`` NVLink domains, one
+    (n_domains, domain) array per dimension (for the report's placement map)."""
+    ranks = np.arange(domain * n_domains)
+    out, stride = {}, 1
     for dim in order:
-        coords[dim] = (ranks // stride) % int(sizes.get(dim, 1))
-        stride *= int(sizes.get(dim, 1))
-    return (
-        np.stack([coords[d] for d in DIMS], axis=1).reshape(n_domains, -1, len(DIMS))
-        if n == domain * n_domains
-        else np.stack([coords[d] for d in DIMS], axis=1)
-    )
+        n = int(sizes.get(dim, 1))
+        out[dim] = ((ranks // stride) % n).reshape(n_domains, domain)
+        stride *= n
+    return out
 
 
 def placement_search(

@@ -173,3 +173,19 @@ def axis_search(
 
 def _ind_text(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
+
+
+def seeds_section(offload_results: Path | None):
+    """``calib report --seeds``: the seed panels (the offload one from a benchmark JSON, if given)."""
+    from calib.reports.fig_seeds import seeds_section as make
+
+    data = None
+    if offload_results is not None:
+        try:
+            data = json.loads(Path(offload_results).read_text())
+            data["family"], data["bandwidth"]  # noqa: B018 - the fields the panel draws
+        except FileNotFoundError:
+            raise InputError(offload_results, "no such file") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(offload_results, f"not a seed001_offload.py JSON: {exc}") from None
+    return make(data)
