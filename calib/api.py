@@ -370,6 +370,37 @@ class SystemModel:
 
         return replace(res, top=named(res.top), best_per_gpus=named(res.best_per_gpus))
 
+    def search_placement(
+        self, model: str | ModelSpec, gpus: int | Sequence[int], nvlink_domain: int, *,
+        global_batch: int | None = None, top: int = 10, hardware: str | HardwareSpec | None = None, **space: Any,
+    ) -> Any:  # fmt: skip
+        """The search with placement on NVLink domains of ``nvlink_domain`` GPUs as an axis (seed 002;
+        ``calib search --nvlink-domain``): a table ranked by the placed iteration time."""
+        from calib.analytic.placement import placement_search
+
+        spec = _model(model)
+        batch = global_batch or spec.global_batch
+        if batch is None:
+            raise InputError("global_batch", f"model {spec.label} has no default global batch; give one")
+        machine, _ = self.machine(hardware)
+        return placement_search(spec, machine, gpus, batch, Space(**space), nvlink_domain, top)
+
+    def search_offload(
+        self, model: str | ModelSpec, gpus: int | Sequence[int], offload_gbps: float, offload_gb: float = 1024.0,
+        *, global_batch: int | None = None, top: int = 10, hardware: str | HardwareSpec | None = None, **space: Any,
+    ) -> Any:  # fmt: skip
+        """The search with weight / activation / optimizer offload as axes (seeds 000/001;
+        ``calib search --offload-gbps``): a table ranked by time with exposed offload traffic."""
+        from calib.analytic.offload import offload_search
+
+        spec = _model(model)
+        batch = global_batch or spec.global_batch
+        if batch is None:
+            raise InputError("global_batch", f"model {spec.label} has no default global batch; give one")
+        machine, _ = self.machine(hardware)
+        hw = replace(machine.hw, offload_gb=offload_gb, offload_gbps=offload_gbps)
+        return offload_search(spec, replace(machine, hw=hw), gpus, batch, Space(**space), top)[0]
+
     def validate(self, table: str | Path, **options: Any) -> Validation:
         """:func:`validate` with this model's machine for every row."""
         return validate(table, model=self, **options)
@@ -377,6 +408,16 @@ class SystemModel:
     def report(self, out: str | Path, **options: Any) -> Path:
         """:func:`report` of this model (and ``runs``, ``predict`` ...)."""
         return report(out, model=self, **options)
+
+
+def fit_power(samples: str | Path, out: str | Path) -> dict:
+    """Static and dynamic GPU power from NVML samples (``calib fit --power``); writes ``out`` (JSON)."""
+    import json
+
+    from calib.commands.energy_cli import fit_power as run
+
+    run("power", None, out, samples)
+    return json.loads(Path(out).read_text())
 
 
 def validate(

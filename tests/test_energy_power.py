@@ -76,3 +76,10 @@ def test_capture_without_nvml_says_so(tmp_path: Path) -> None:
     power = read_run_config(tmp_path / "run")["power"]
     assert power["status"] == "absent" and power["note"] == why
     assert not list((tmp_path / "run").glob("power_rank*.csv"))
+
+
+def test_api_fit_power(tmp_path: Path) -> None:
+    from calib.api import fit_power
+
+    fit = fit_power(SAMPLES, tmp_path / "p.json")
+    assert fit["static_w"]["status"] == "fitted" and abs(fit["static_w"]["value"] - 60) < 2

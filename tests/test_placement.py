@@ -48,3 +48,13 @@ def test_larger_nvlink_favours_data_parallelism():
     model = ModelSpec("gpt3-175b", 12288, 96, 96, 2048, 51200)
     dp = {n: placement_search(model, system, 1024, 1536, Space(), n, top=1)["dp"].iloc[0] for n in (4, 72)}
     assert dp[72] > dp[4]
+
+
+def test_api_axes():
+    from calib.api import SystemModel
+
+    sm = SystemModel.from_hardware("b200")
+    placed = sm.search_placement("gpt3-175b", 1024, 72, global_batch=1536, top=2)
+    assert list(placed["rank"]) == [1, 2] and placed["iter_placed_s"].is_monotonic_increasing
+    off = sm.search_offload("gpt3-175b", 256, 100.0, top=2)
+    assert off["iter_offload_s"].is_monotonic_increasing and {"weight_offload", "offload_gib"} <= set(off)
