@@ -29,6 +29,7 @@ from calib.analytic.search import SearchResult, Space
 from calib.analytic.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from calib.analytic.timemodel import System
 from calib.analytic.validate import Validation
+from calib.api_seeds import SeedsMixin, fit_power  # noqa: F401 - public API
 from calib.calibrate.calibration import Calibration, Param
 from calib.core.errors import InputError
 from calib.core.rundir import Run, read_run, write_run
@@ -109,7 +110,7 @@ def _model(model: str | ModelSpec) -> ModelSpec:
     return model if isinstance(model, ModelSpec) else load_model(model)
 
 
-class SystemModel:
+class SystemModel(SeedsMixin):
     """The calibrated performance model of one system.
 
     Parameters are stored as given and used by :meth:`fit` (``where``, ``peak_tflops``,
@@ -290,51 +291,6 @@ class SystemModel:
         result = run_predict(spec, machine, counts, Plan(recompute=recompute_code(recompute), **plan))
         return replace(result, notes=notes + result.notes)
 
-    def energy(
-        self,
-        model: str | ModelSpec,
-        gpus: int | Sequence[int],
-        *,
-        tokens: float | None = None,
-        price_per_gpu_hour: float | None = None,
-        dtype: str = "bf16",
-        power: str | Path | None = None,
-        hardware: str | HardwareSpec | None = None,
-        recompute: str = "none",
-        **plan: Any,
-    ) -> Prediction:
-        """:meth:`predict` with energy and power per iteration, the DVFS-optimal clock and, with
-        ``tokens``, energy, time, GPU-hours and cost to solution (``calib predict --energy``).
-        ``power``: a ``calib fit --power`` JSON; default datasheet values (status default)."""
-        from calib.analytic.formulas import recompute_code
-        from calib.commands.energy_cli import add_energy
-
-        result = self.predict(model, gpus, hardware=hardware, recompute=recompute, **plan)
-        machine, _ = self.machine(hardware)
-        p = Plan(recompute=recompute_code(recompute), **plan)
-        out, notes = add_energy(_model(model), machine, result, p, None, None, tokens, price_per_gpu_hour,
-                                dtype, str(power) if power else None)  # fmt: skip
-        return replace(out, notes=result.notes + notes)
-
-    def dvfs_curve(
-        self, model: str | ModelSpec, gpus: int, *, dtype: str = "bf16", power: str | Path | None = None,
-        hardware: str | HardwareSpec | None = None, recompute: str = "none", **plan: Any,
-    ) -> Any:  # fmt: skip
-        """Seed 003's trade-off for one configuration: SM clock (MHz) against time, energy, power."""
-        import pandas as pd
-
-        from calib.analytic.energy import dvfs_curve, energy_of_table
-        from calib.analytic.formulas import recompute_code
-        from calib.commands.energy_cli import power_spec
-
-        result = self.predict(model, [gpus], hardware=hardware, recompute=recompute, **plan)
-        machine, _ = self.machine(hardware)
-        pw = power_spec(machine.hw, None, None, dtype, str(power) if power else None)
-        _, w = energy_of_table(
-            _model(model), machine, result.table, Plan(recompute=recompute_code(recompute), **plan), pw
-        )
-        return pd.DataFrame(dvfs_curve(pw, w))
-
     def search(
         self,
         model: str | ModelSpec,
@@ -370,37 +326,6 @@ class SystemModel:
 
         return replace(res, top=named(res.top), best_per_gpus=named(res.best_per_gpus))
 
-    def search_placement(
-        self, model: str | ModelSpec, gpus: int | Sequence[int], nvlink_domain: int, *,
-        global_batch: int | None = None, top: int = 10, hardware: str | HardwareSpec | None = None, **space: Any,
-    ) -> Any:  # fmt: skip
-        """The search with placement on NVLink domains of ``nvlink_domain`` GPUs as an axis (seed 002;
-        ``calib search --nvlink-domain``): a table ranked by the placed iteration time."""
-        from calib.analytic.placement import placement_search
-
-        spec = _model(model)
-        batch = global_batch or spec.global_batch
-        if batch is None:
-            raise InputError("global_batch", f"model {spec.label} has no default global batch; give one")
-        machine, _ = self.machine(hardware)
-        return placement_search(spec, machine, gpus, batch, Space(**space), nvlink_domain, top)
-
-    def search_offload(
-        self, model: str | ModelSpec, gpus: int | Sequence[int], offload_gbps: float, offload_gb: float = 1024.0,
-        *, global_batch: int | None = None, top: int = 10, hardware: str | HardwareSpec | None = None, **space: Any,
-    ) -> Any:  # fmt: skip
-        """The search with weight / activation / optimizer offload as axes (seeds 000/001;
-        ``calib search --offload-gbps``): a table ranked by time with exposed offload traffic."""
-        from calib.analytic.offload import offload_search
-
-        spec = _model(model)
-        batch = global_batch or spec.global_batch
-        if batch is None:
-            raise InputError("global_batch", f"model {spec.label} has no default global batch; give one")
-        machine, _ = self.machine(hardware)
-        hw = replace(machine.hw, offload_gb=offload_gb, offload_gbps=offload_gbps)
-        return offload_search(spec, replace(machine, hw=hw), gpus, batch, Space(**space), top)[0]
-
     def validate(self, table: str | Path, **options: Any) -> Validation:
         """:func:`validate` with this model's machine for every row."""
         return validate(table, model=self, **options)
@@ -408,16 +333,6 @@ class SystemModel:
     def report(self, out: str | Path, **options: Any) -> Path:
         """:func:`report` of this model (and ``runs``, ``predict`` ...)."""
         return report(out, model=self, **options)
-
-
-def fit_power(samples: str | Path, out: str | Path) -> dict:
-    """Static and dynamic GPU power from NVML samples (``calib fit --power``); writes ``out`` (JSON)."""
-    import json
-
-    from calib.commands.energy_cli import fit_power as run
-
-    run("power", None, out, samples)
-    return json.loads(Path(out).read_text())
 
 
 def validate(
