@@ -119,20 +119,28 @@ def efficiency_vs_bandwidth(model, st, r, off: Offload, hw, gbps) -> np.ndarray:
                      for g in np.atleast_1d(gbps)])  # fmt: skip
 
 
-def offload_search(model, system, gpus, global_batch: int, space, top: int = 10, allow=None):
-    """The search with the offload knobs as three more axes: every layout x option x offload
-    combination, ranked by iteration time including exposed offload traffic; feasible where
+def offload_search(model, system, gpus, global_batch: int, space, top: int = 10, allow=None, knob_axes=True):
+    """The search with Calculon's knobs as more axes: every layout x option x offload
+    combination (x TP overlap none/pipe/ring x TP redo, :mod:`analytic.knobs`, with
+    ``knob_axes``), ranked by iteration time including exposed offload traffic; feasible where
     the resident part fits in HBM and the rest in ``hw.offload_gb``.  ``allow``: the offload
     combinations (codes 0-7, bit 0 weights, 1 activations, 2 optimizer) to consider."""
     import pandas as pd
+    from calib.analytic.knobs import TP_OVERLAP, knob_terms
     from calib.analytic.search import OPTION_AXES, _strategies, layouts, option_mask, options
     from calib.analytic.timemodel import evaluate
 
     gpus = [gpus] if isinstance(gpus, (int, np.integer)) else list(gpus)
     lay, opt = layouts(model, gpus, global_batch, space), options(space)
-    codes = np.array(sorted(allow) if allow is not None else range(8))
+    off_codes = np.array(sorted(allow) if allow is not None else range(8))
+    ovs, redos = (
+        (np.arange(3), np.array([False, True])) if knob_axes else (np.zeros(1, int), np.ones(1, bool))
+    )
+    combo = np.stack(np.meshgrid(off_codes, ovs, redos, indexing="ij"), -1).reshape(-1, 3)
+    codes = combo[:, 0]
     nd = 1 + len(OPTION_AXES)
-    off = Offload(*((((codes >> i) & 1) == 1).reshape((1,) * nd + (-1,)) for i in range(3)))
+    shape = (1,) * nd + (-1,)
+    off = Offload(*((((codes >> i) & 1) == 1).reshape(shape) for i in range(3)))
     n_opt = int(np.prod([opt[k].size for k in OPTION_AXES])) * codes.size
     step = max(1, (1 << 17) // n_opt)
     rows, n_valid, n_fit = [], 0, 0
@@ -142,8 +150,20 @@ def offload_search(model, system, gpus, global_batch: int, space, top: int = 10,
         sts = _strategies(sl, opt, global_batch, space)
         r = evaluate(model, system, sts)
         o = offload_terms(model, sts, r, off, system.hw, trailing=True)
+        if knob_axes:
+            kt = knob_terms(model, sts, r, combo[:, 1].reshape(shape), combo[:, 2].reshape(shape) == 1, True)
+            o["iter_offload_s"] = o["iter_offload_s"] + kt["d_iter_s"]
+            o["hbm_bytes"] = o["hbm_bytes"] + kt["d_mem_bytes"]
+            o["fits"] = (o["hbm_bytes"] <= system.hw.hbm_bytes) & (
+                o["offload_bytes"] <= system.hw.offload_gb * 1e9
+            )
         grid = (sl["tp"].size, *(opt[k].size for k in OPTION_AXES), codes.size)
-        mask = np.broadcast_to(option_mask(sl, opt)[..., None], grid)
+        mask = option_mask(sl, opt)[..., None]
+        if knob_axes:  # no duplicates: overlap and redo only where there is TP (redo: with SP) to change
+            ov, rd = combo[:, 1].reshape(shape), combo[:, 2].reshape(shape) == 1
+            tp1 = sl["tp"].reshape((-1,) + (1,) * nd) > 1
+            mask = mask & (tp1 | ((ov == 0) & ~rd)) & (opt["seq_parallel"][..., None] | ~rd)
+        mask = np.broadcast_to(mask, grid)
         score = np.where(mask & o["fits"], o["iter_offload_s"], np.inf)
         score = np.broadcast_to(score, grid)
         n_valid += int(mask.sum())
@@ -156,6 +176,9 @@ def offload_search(model, system, gpus, global_batch: int, space, top: int = 10,
         row = {k2: sl[k2][idx[0]] for k2 in sl}
         row |= {k2: opt[k2].ravel()[idx[a]] for a, k2 in enumerate(OPTION_AXES, 1)}
         row |= {KNOBS[i]: ((codes[idx[-1]] >> i) & 1) == 1 for i in range(3)}
+        if knob_axes:
+            row["tp_overlap"] = np.array(TP_OVERLAP)[combo[idx[-1], 1]]
+            row["tp_redo"] = combo[idx[-1], 2] == 1
         for k2 in keys:
             row[k2] = np.broadcast_to(np.asarray(r[k2])[..., None], grid)[idx]
         for k2, v in o.items():

@@ -9,7 +9,7 @@ stated-default efficiencies) whose HBM capacity and NVLink-domain size are swept
 offload memory 8 TiB per GPU (enough never to bind) at 100 GB/s per direction.
 Strategies: ZeRO-1 (Calculon's optimizer sharding), selective or full recompute, sequence
 parallelism, DP overlap, any TP <= the NVLink domain, PP, interleaving, micro-batch, and
-the three offload knobs.  Run: .venv/bin/python benchmarks/seed001_offload.py [--json FILE]
+the three offload knobs, TP overlap (none/pipe/ring) and TP redo (analytic/knobs.py).  Run: .venv/bin/python benchmarks/seed001_offload.py [--json FILE]
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ def main() -> int:
     t0 = time.perf_counter()
     out: dict = {"family": [], "hbm": [], "bandwidth": []}
     print(
-        "| model | GPUs | HBM GB | TP | PP | DP | v | offload W/A/O | MFU | HBM used GB | offload GiB/GPU | GB/s to hide |"
+        "| model | GPUs | HBM GB | TP | PP | DP | v | offload W/A/O | TP overlap, redo | MFU | HBM used GB | offload GiB/GPU | GB/s to hide |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in ("1T", "7T", "26T", "96T", "128T"):
         for gpus in (4096, 16384):
             r, n, fit = best(name, gpus, 80.0, 8)
@@ -75,7 +75,7 @@ def main() -> int:
                 "y" if r[k] else "-" for k in ("weight_offload", "activation_offload", "optimizer_offload")
             )
             print(f"| {name} | {gpus} | {hbm:.0f} | {r['tp']} | {r['pp']} | {r['dp']} | {r['interleave']} | {knobs} | "
-                  f"{r['mfu_offload']:.1%} | {r['hbm_gb']:.0f} | {r['offload_gib']:.0f} | {r['offload_required_gbps']:.0f} |")  # fmt: skip
+                  f"{r['tp_overlap']}, {'y' if r['tp_redo'] else '-'} | {r['mfu_offload']:.1%} | {r['hbm_gb']:.0f} | {r['offload_gib']:.0f} | {r['offload_required_gbps']:.0f} |")  # fmt: skip
             out["family"].append({"model": name, "gpus": gpus, "hbm_needed_gb": hbm, **{
                 k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}})  # fmt: skip
     print("\nrelative efficiency against infinite offload bandwidth, 96T on 16384 GPUs (HBM 256 GB, NVL 8)")

@@ -159,7 +159,7 @@ def axis_search(
         df, n, fit = offload_search(model, replace(machine, hw=hw), counts, B, space, top)
         if not df.empty:
             df.insert(0, "rank", range(1, len(df) + 1))
-        cols = PLACED + ["weight_offload", "activation_offload", "optimizer_offload", "offload_exposed_s",
+        cols = PLACED + ["weight_offload", "activation_offload", "optimizer_offload", "tp_overlap", "tp_redo", "offload_exposed_s",
                          "iter_offload_s", "hbm_gb", "offload_gib", "offload_required_gbps"]  # fmt: skip
         head = (f"offload {offload_gb:g} GB per GPU at {offload_gbps:g} GB/s per direction: {n:,} strategies, "
                 f"{fit:,} fit in HBM + offload memory")  # fmt: skip
