@@ -130,7 +130,9 @@ def placement_search(
     ffn, kv, mats, tied = shape_terms(model)
     rows = []
     for r in res.top.itertuples(index=False):
-        sizes = {"tp": int(r.tp), "pp": int(r.pp), "dp": int(r.dp)}
+        # CP / EP sizes once the strategies carry them (EP is modelled as its own dimension)
+        sizes = {"tp": int(r.tp), "pp": int(r.pp), "dp": int(r.dp),
+                 "cp": int(getattr(r, "cp", 1)), "ep": int(getattr(r, "ep", 1))}  # fmt: skip
         P = float(
             stage_params(
                 model.d_model, model.n_layers, model.seq_len, model.vocab, r.tp, r.pp, ffn, kv, mats, tied

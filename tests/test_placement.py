@@ -58,3 +58,17 @@ def test_api_axes():
     assert list(placed["rank"]) == [1, 2] and placed["iter_placed_s"].is_monotonic_increasing
     off = sm.search_offload("gpt3-175b", 256, 100.0, top=2)
     assert off["iter_offload_s"].is_monotonic_increasing and {"weight_offload", "offload_gib"} <= set(off)
+
+
+def test_context_parallel_group_hand_worked():
+    from calib.analytic.placement import comm_seconds
+
+    sizes = {"tp": 2, "cp": 4, "dp": 8}
+    order = ("tp", "cp", "dp", "pp", "ep")
+    assert members_in_domain(sizes, order, 8) == {"tp": 2, "cp": 4, "dp": 1, "pp": 1, "ep": 1}
+    c = comm_seconds(GPT1T, sizes, order, 8, B200, micro_batch=1, microbatches=4, params_per_gpu=1e9)
+    act = 2.0 * 2048 * 25600 / 4  # bytes of the b s d activation on one CP shard
+    # K and V all-gathers (act / tp each), forward and backward, per layer and micro-batch, inside NVLink
+    assert c["cp"] == pytest.approx(4 * 128 * 2 * 2 * 0.75 * (act / 2) / 675e9)
+    # DP crosses nodes with one member per domain: one NIC share, 292 / 8 GB/s; all-reduce 2 (n-1)/n
+    assert c["dp"] == pytest.approx(2 * 7 / 8 * 2e9 / (292 / 8 * 1e9))
