@@ -76,6 +76,11 @@ def test_capture_without_nvml_says_so(tmp_path: Path) -> None:
     power = read_run_config(tmp_path / "run")["power"]
     assert power["status"] == "absent" and power["note"] == why
     assert not list((tmp_path / "run").glob("power_rank*.csv"))
+    from calib.ingest.capture import check_run
+
+    from calib.commands.capture import format_report
+
+    assert f"power: absent ({why})" in format_report(check_run(tmp_path / "run"))
 
 
 def test_api_fit_power(tmp_path: Path) -> None:
@@ -83,3 +88,16 @@ def test_api_fit_power(tmp_path: Path) -> None:
 
     fit = fit_power(SAMPLES, tmp_path / "p.json")
     assert fit["static_w"]["status"] == "fitted" and abs(fit["static_w"]["value"] - 60) < 2
+
+
+def test_sampler_file_format_round_trips(tmp_path: Path) -> None:
+    """What the NVML sampler writes is what calib fit --power reads (same rows, same fit)."""
+    from calib.calibrate.power import read_power_samples
+    from calib.ingest.capture.power import write_samples
+
+    df, meta = read_power_samples(SAMPLES)
+    path = tmp_path / "power_rank0.csv"
+    write_samples(path, [tuple(r) for r in df.itertuples(index=False)], meta["device"], 0.02)
+    back, meta2 = read_power_samples(path)
+    assert meta2["device"] == "NVIDIA A100-SXM4-40GB" and meta2["interval_ms"] == "20"
+    assert back["power_w"].tolist() == pytest.approx(df["power_w"].tolist())
