@@ -322,4 +322,33 @@ def energy_of_table(model, system, table, plan, power: PowerSpec, tokens=None, p
     r = evaluate(model, system, st)
     w = work_of(model, system, st, r)
     tok = table["global_batch"].to_numpy(dtype=float) * model.seq_len
-    return energy_columns(power, w, st.gpus, tok, tokens, price_per_gpu_hour), w
+    cols = energy_columns(power, w, st.gpus, tok, tokens, price_per_gpu_hour)
+    cols.update(fitted_band(power, w, st.gpus, cols["clock_scale"]))
+    return cols, w
+
+
+def fitted_band(power: PowerSpec, w: Work, gpus, scale) -> dict[str, np.ndarray]:
+    """Energy per iteration with the fitted static power and energy per FLOP at -1 and +1
+    standard error (together: the band the power fit's uncertainty spans); empty unless fitted."""
+    from dataclasses import replace
+
+    q = (power.static_w, power.pj_per_flop)
+    if not all(np.isfinite(x.stderr) for x in q):
+        return {}
+    out = {}
+    for k, sign in (("lo", -1.0), ("hi", 1.0)):
+        p = replace(power, static_w=replace(q[0], value=max(0.0, q[0].value + sign * q[0].stderr)),
+                    pj_per_flop=replace(q[1], value=max(0.0, q[1].value + sign * q[1].stderr)))  # fmt: skip
+        e = np.array(
+            [
+                at_scales(p, _row(w, i), np.float64(sc))["energy_j"]
+                for i, sc in enumerate(np.atleast_1d(scale))
+            ]
+        )
+        out[f"energy_kj_per_iter_{k}"] = np.asarray(gpus, dtype=float) * e.reshape(-1) / 1e3
+    return out
+
+
+def _row(w: Work, i: int) -> Work:
+    return Work(*(np.atleast_1d(np.asarray(x, dtype=float))[min(i, np.size(x) - 1)] for x in (
+        w.flops, w.hbm_bytes, w.t_compute_s, w.t_memory_s, w.bubble_factor, w.t_fixed_s)))  # fmt: skip

@@ -48,6 +48,9 @@ def test_fitted_power_replaces_the_datasheet_values(tmp_path: Path) -> None:
     fitted = run(*args, "--power", str(out)).output
     assert "static_w 80 (default)" in dflt
     assert "static_w 60.53 +- 0.56 (fitted)" in fitted and "power fitted from 16 samples" in fitted
+    assert "fit band" in fitted and "fit band" not in dflt
+    js = json.loads(run(*args, "--power", str(out), "--json").output)["configs"][0]
+    assert js["energy_kj_per_iter_lo"] < js["energy_kj_per_iter"] < js["energy_kj_per_iter_hi"]
 
 
 def test_bad_power_files(tmp_path: Path) -> None:

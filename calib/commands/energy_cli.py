@@ -86,6 +86,9 @@ def energy_text(table: pd.DataFrame) -> str:
     for c in ("saving@opt", "slowdown@opt"):
         e[c] = (e[c] * 100).round(1).astype(str) + "%"
     e["opt MHz"] = e["opt MHz"].round(0)
+    if "energy_kj_per_iter_lo" in table:  # the power fit's 1-sigma band
+        lo, hi = table["energy_kj_per_iter_lo"], table["energy_kj_per_iter_hi"]
+        e.insert(e.columns.get_loc("kJ/iter") + 1, "fit band", [f"{a:.4g}..{b:.4g}" for a, b in zip(lo, hi)])
     out = ["energy per iteration (all GPUs) at the top clock under the power cap; DVFS optimum", _ind(e)]
     if "time_to_solution_h" in table:
         cols = {k: v for k, v in SOLUTION_COLUMNS.items() if k in table}
