@@ -228,12 +228,15 @@ def work_of(model, system, st, r: dict) -> Work:
     return Work(flops, hbm, busy - t_mem, t_mem, bubble_factor, fixed)
 
 
-def at_scales(power: PowerSpec, w: Work, scales: np.ndarray) -> dict[str, np.ndarray]:
-    """Time, energy and power per GPU and iteration at each clock scale (a new last axis)."""
+def at_scales(
+    power: PowerSpec, w: Work, scales: np.ndarray, elementwise: bool = False
+) -> dict[str, np.ndarray]:
+    """Time, energy and power per GPU and iteration at each clock scale (a new last axis), or
+    with ``elementwise`` at one scale per configuration (``scales`` broadcasts with ``w``)."""
     s = np.asarray(scales, dtype=float)
     ex = (
         (lambda x: np.asarray(x, dtype=float)[..., None])
-        if s.ndim
+        if s.ndim and not elementwise
         else (lambda x: np.asarray(x, dtype=float))
     )
     busy = ex(w.t_compute_s) / s + ex(w.t_memory_s)
@@ -296,6 +299,23 @@ def dvfs_curve(power: PowerSpec, w: Work) -> dict[str, np.ndarray]:
     return {"f_mhz": sc * power.f_max_mhz.value, **{k: np.asarray(v).reshape(-1) for k, v in g.items()}}
 
 
+def capped(power: PowerSpec, w: Work, steps: int = 16) -> dict[str, np.ndarray]:
+    """Time and energy at the highest clock whose busy power stays under the cap (bisection on
+    the clock, vectorised: the busy power rises with the clock)."""
+    cap = power.power_cap_w.value
+    top = at_scales(power, w, np.float64(1.0))
+    over = top["busy_power_w"] > cap
+    if not np.any(over):
+        return top
+    lo = np.full(np.shape(over), power.f_min_mhz.value / power.f_max_mhz.value)
+    hi = np.ones(np.shape(over))
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        ok = at_scales(power, w, mid, elementwise=True)["busy_power_w"] <= cap
+        lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
+    return at_scales(power, w, np.where(over, lo, 1.0), elementwise=True)
+
+
 def objective_values(objective: str, power: PowerSpec | None, w: Work | None, r: dict, gpus, tokens_per_iter):
     """The search's ranking key: seconds per iteration, joules per token or GPU-seconds per token."""
     if objective == "time":
@@ -303,8 +323,7 @@ def objective_values(objective: str, power: PowerSpec | None, w: Work | None, r:
     if objective == "cost":
         return np.asarray(gpus, dtype=float) * r["iter_s"] / tokens_per_iter
     if objective == "energy":
-        g = at_scales(power, w, np.float64(1.0))
-        return np.asarray(gpus, dtype=float) * g["energy_j"] / tokens_per_iter
+        return np.asarray(gpus, dtype=float) * capped(power, w)["energy_j"] / tokens_per_iter
     raise InputError("objective", f"'{objective}' is not one of {', '.join(OBJECTIVES)}")
 
 

@@ -166,3 +166,18 @@ def test_search_objectives():
     assert fast.top["energy_j_per_token"].iloc[0] == pytest.approx(je[0])
     # fixed GPU count: GPU-seconds per token ranks like time
     assert [r["iter_s"] for r in c] == [r["iter_s"] for r in t]
+
+
+def test_capped_bisection_matches_the_clock_sweep():
+    from calib.analytic.energy import capped
+
+    p = load_power(A100, "bf16")
+    hot = Work(
+        np.array([312e12, 312e12]), np.array([0.0, 1.5e12]), *(np.array([x, x]) for x in (1.0, 0.0, 1.0, 0.0))
+    )
+    c = capped(p, hot)
+    assert c["busy_power_w"][0] == pytest.approx(400.0)  # at the cap exactly: not throttled
+    assert c["busy_power_w"][1] == pytest.approx(400.0, abs=0.5)  # throttled onto the cap
+    sweep = energy_columns(p, hot, np.array([1, 1]), 1.0)
+    # the bisection's clock lies within one 15 MHz-equivalent step of the sweep's
+    assert c["time_s"][1] == pytest.approx(sweep["time_s_at_clock"][1], rel=0.02)
