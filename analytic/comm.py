@@ -32,28 +32,6 @@ def volume_bytes(collective: str, params: ArrayLike, p: ArrayLike) -> np.ndarray
     return _VOLUME_FACTOR[collective] * (1.0 - 1.0 / p) * np.asarray(params, dtype=float)
 
 
-def zero_collectives(stage: int, microbatches: int = 1, full_recompute: bool = False) -> dict[str, int]:
-    """DP/ZeRO collectives per iteration, each over the local gradient/parameter buffer.
-
-    ZeRO-0 (DDP): one all-reduce.  ZeRO-1: all-reduce of gradients, all-gather of the
-    updated parameters (seed 004: the all-gather costs half the all-reduce).  ZeRO-2:
-    a reduce-scatter per micro-batch (DeepSpeed partitions gradients as they are
-    produced, issuing it as reduces) and one all-gather.  ZeRO-3: per micro-batch an
-    all-gather in forward, another in backward (a third when full recompute re-runs the
-    forward) and a reduce-scatter in backward.
-    """
-    m = microbatches
-    if stage == 0:
-        return {ALLREDUCE: 1}
-    if stage == 1:
-        return {ALLREDUCE: 1, ALLGATHER: 1}
-    if stage == 2:
-        return {REDUCESCATTER: m, ALLGATHER: 1}
-    if stage == 3:
-        return {ALLGATHER: m * (3 if full_recompute else 2), REDUCESCATTER: m}
-    raise ValueError(f"ZeRO stage {stage}")
-
-
 # ---- placement -------------------------------------------------------------------------
 def members_per_node(n: ArrayLike, stride: ArrayLike, gpus_per_node: int) -> np.ndarray:
     """k: members of one group (size n, ranks ``stride`` apart) that share a node."""

@@ -128,14 +128,6 @@ class SearchResult:
         return self.n_strategies / self.seconds if self.seconds > 0 else float("inf")
 
 
-def enumerate_layouts(
-    model: ModelSpec, gpus: Sequence[int], global_batch: int, space: Space
-) -> dict[str, np.ndarray]:
-    """Layouts of every GPU count, concatenated (one grid for a whole system-size sweep)."""
-    parts = [layouts(model, n, global_batch, space) for n in gpus]  # one numpy pass per GPU count
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-
 def search(
     model: ModelSpec,
     system: System,

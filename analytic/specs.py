@@ -8,6 +8,7 @@ same fields.  Bad names and malformed files raise :class:`InputError` naming the
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import MISSING, dataclass, fields
 from functools import cache
 from pathlib import Path
@@ -24,6 +25,12 @@ HARDWARE_FILE = DATA_DIR / "hardware.yaml"
 
 
 MLP_KINDS = ("gelu", "swiglu")
+
+
+#: the largest count a spec may state: beyond it float64 arithmetic loses whole units
+MAX_COUNT = 2**53
+#: scale-out topologies of the contention term, and their codes (calibrate.ncclmodel.contention)
+TOPOLOGIES = {"none": 0.0, "dragonfly": 1.0, "fat-tree": 2.0}
 
 
 @dataclass(frozen=True)
@@ -51,22 +58,21 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         who = self.name or "model"
-        for f in ("d_model", "n_layers", "n_heads", "seq_len", "vocab"):
+        for f in ("d_model", "n_layers", "n_heads", "seq_len", "vocab", "ffn", "kv_heads", "global_batch"):
             v = getattr(self, f)
-            if not isinstance(v, (int,)) or isinstance(v, bool) or v < 1:
-                raise InputError(who, f"{f} must be a positive integer, got {v!r}")
-        for f in ("ffn", "kv_heads"):
-            v = getattr(self, f)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise InputError(who, f"{f} must be a positive integer, got {v!r}")
+            if v is None and f in ("ffn", "kv_heads", "global_batch"):
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_COUNT:
+                raise InputError(who, f"{f} must be a positive integer (at most 2^53), got {_short(v)}")
+        for f in ("name", "source", "note"):
+            if not isinstance(getattr(self, f), str):
+                raise InputError(who, f"{f} must be text, got {_short(getattr(self, f))}")
         if self.kv_heads is not None and self.n_heads % self.kv_heads:
             raise InputError(who, f"kv_heads {self.kv_heads} must divide n_heads {self.n_heads}")
         if self.mlp not in MLP_KINDS:
             raise InputError(who, f"mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
         if not isinstance(self.tied_embeddings, bool):
             raise InputError(who, f"tied_embeddings must be true or false, got {self.tied_embeddings!r}")
-        if self.global_batch is not None and self.global_batch < 1:
-            raise InputError(who, f"global_batch must be positive, got {self.global_batch}")
 
     @property
     def ffn_size(self) -> int:
@@ -103,7 +109,11 @@ class ModelColumns:
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """One node type: per-GPU peak, HBM, and the scale-up / scale-out link bandwidths."""
+    """One node type: per-GPU peak, HBM, and the scale-up / scale-out link bandwidths.
+
+    The *target* machine's peak and GPUs per node; ``Calibration.peak_tflops`` / ``.gpus_per_node``
+    are the *calibrated* system's (the fitted efficiencies' denominator), see calibrate.calibration.
+    """
 
     name: str
     device: str
@@ -128,27 +138,38 @@ class HardwareSpec:
     offload_gbps: float = 0.0
 
     def __post_init__(self) -> None:
+        who = self.name or "hardware"
         for f in ("offload_gb", "offload_gbps"):
             v = getattr(self, f)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-                raise InputError(self.name or "hardware", f"{f} must be a number >= 0, got {v!r}")
+            if not _number(v) or v < 0:
+                raise InputError(who, f"{f} must be a number >= 0, got {_short(v)}")
         for f in ("peak_tflops", "hbm_gb", "hbm_tbps", "scale_up_gbps", "node_nic_gbps"):
             v = getattr(self, f)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
-                raise InputError(self.name or "hardware", f"{f} must be a positive number, got {v!r}")
-        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
-            raise InputError(
-                self.name or "hardware",
-                f"gpus_per_node must be a positive integer, got {self.gpus_per_node!r}",
-            )
-        for f in ("intra_busbw_efficiency", "inter_busbw_efficiency"):
+            if not _number(v) or not v > 0:
+                raise InputError(who, f"{f} must be a positive number, got {_short(v)}")
+        for f in ("gpus_per_node", "nodes_per_group"):
             v = getattr(self, f)
-            if not 0 < v <= 1:
-                raise InputError(self.name or "hardware", f"{f} must be in (0, 1], got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or not (f == "gpus_per_node") <= v <= MAX_COUNT:
+                raise InputError(who, f"{f} must be a positive integer (at most 2^53), got {_short(v)}")
+        for f in ("intra_busbw_efficiency", "inter_busbw_efficiency", "global_taper"):
+            v = getattr(self, f)
+            if not _number(v) or not 0 < v <= 1:
+                raise InputError(who, f"{f} must be in (0, 1], got {_short(v)}")
+        if not _number(self.runtime_reserve_gb) or self.runtime_reserve_gb < 0:
+            raise InputError(
+                who, f"runtime_reserve_gb must be a number >= 0, got {_short(self.runtime_reserve_gb)}"
+            )
+        for f in ("name", "device", "source", "note", "topology", "topology_note"):
+            if not isinstance(getattr(self, f), str):
+                raise InputError(who, f"{f} must be text, got {_short(getattr(self, f))}")
+        if self.topology not in TOPOLOGIES:
+            raise InputError(
+                who, f"topology must be one of {', '.join(TOPOLOGIES)}, got {_short(self.topology)}"
+            )
 
     def network_topology(self) -> dict[str, float]:
         """The topology as the network fit takes it (calibrate.ncclmodel.contention)."""
-        codes = {"none": 0.0, "dragonfly": 1.0, "fat-tree": 2.0}
+        codes = TOPOLOGIES
         if self.topology not in codes:
             raise InputError(self.name, f"topology must be one of {', '.join(codes)}, got {self.topology!r}")
         return {
@@ -174,7 +195,25 @@ class HardwareSpec:
 
     @property
     def hbm_bytes(self) -> float:
-        return self.hbm_gb * 1e9
+        """Device memory in bytes.  Vendors' "80 GB" of HBM is binary: 80 GiB (nvidia-smi
+        reports 40960 MiB for an A100 40GB, 81920 MiB for an A100 80GB), so ``hbm_gb`` is
+        taken in units of 2^30 bytes; memory terms are printed in GB of 1e9 bytes."""
+        return self.hbm_gb * 2.0**30
+
+
+def _number(v: Any) -> bool:
+    """A real number, not NaN (infinity is "unbounded"; an int only if a float can hold it)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return not math.isnan(float(v))
+    except OverflowError:
+        return False
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # ---- loading -------------------------------------------------------------------------
@@ -185,6 +224,8 @@ def _read_mapping(path: Path) -> dict[str, Any]:
         raise InputError(path, "no such file") from None
     except OSError as exc:
         raise InputError(path, f"unreadable: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(path, f"not UTF-8 text (byte {exc.start})") from None
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
@@ -217,6 +258,8 @@ def _build(cls: type, where: str | Path, name: str, entry: Any, extra: dict[str,
         return cls(**data)
     except TypeError as exc:
         raise InputError(where, f"entry '{name}': {exc}") from None
+    except InputError as exc:  # a field's check names the entry; the file is where it is
+        raise InputError(where, f"entry '{name}': {exc.problem}") from None
 
 
 @cache

@@ -80,7 +80,7 @@ def bench_overhead(steps: int) -> None:
     import torch
     from calib.ingest.capture.model import TinyGPT, batch
     from calib.ingest.capture.profile import CaptureSettings, capture
-    from calib.ingest.capture.spec import GPTShape
+    from calib.ingest.capture.runspec import GPTShape
 
     torch.set_num_threads(1)
     shape = GPTShape(d=128, l=2, a=4, s=64, V=1024, b=4)

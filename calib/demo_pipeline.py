@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from calib.core.bundled import ENV, fixtures_dir
 from calib.core.errors import InputError
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MARKER = ".calib-demo"
 
 
@@ -75,18 +75,19 @@ def prepare(out: Path) -> Path:
     return store
 
 
-def run_demo(out: Path, fixtures: Path = FIXTURES, echo: Callable[[str], None] = print) -> Path:
+def run_demo(out: Path, fixtures: Path | None = None, echo: Callable[[str], None] = print) -> Path:
     """Run the pipeline through the public API; return the report's path.  ``echo`` gets one
     plain line per step."""
     from calib import api
     from calib.reports.spec import default_spec
 
-    fixtures = Path(fixtures).resolve()
+    fixtures = Path(fixtures or fixtures_dir()).resolve()
     missing = [p for r in RUNS for p in r.paths if not (fixtures / p).exists()]
     if missing:
         raise InputError(
             fixtures,
-            f"demo fixtures missing ({', '.join(missing)}): run the demo from a clone of the repository",
+            f"demo fixtures missing ({', '.join(missing)}): give a complete fixtures directory "
+            f"(--fixtures or ${ENV})",
         )
     t_all = time.perf_counter()
     store = prepare(out)

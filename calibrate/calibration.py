@@ -20,6 +20,17 @@ Contract for readers (analytic, reports) -- these names and signatures are stabl
 * ``.eff(collective, n_gpus)`` -- eff_{g->n}: large-message bus bandwidth at n GPUs
   over that at the calibration's base scale g (seed 004)
 * ``.peak_tflops``, ``.gpus_per_node``, ``.dispatch`` (per-operator host costs)
+* ``.compute_slots_per_node`` -- ranks a node runs at full speed (a :class:`Param`, or
+  None: one per device); r ranks on a node slow each other by max(1, r / slots)
+
+One owner per quantity: ``peak_tflops`` and ``gpus_per_node`` here describe the *calibrated*
+system (the denominator the fitted efficiencies are fractions of, and the ranks per node of
+its samples); :class:`calib.analytic.specs.HardwareSpec` owns the *target* machine's, and
+``analytic.machine.transfer`` rescales the fitted factors when the two differ.
+
+Schema versions: 1 kept compute slots in ``provenance["node"]["compute_slots_per_node"]``;
+2 has the typed field (version 1 files are read and migrated).  Unknown keys anywhere in
+the file are an error naming the key (:mod:`calib.core.strict`), never dropped.
 
 "Work per operator" (the x of k1, k2 and GEMM efficiency) is the mean FLOPs of one
 matmul operator: small matmuls leave the device waiting on the host (dispatch-bound),
@@ -37,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from calib.calibrate.calibration_check import check_physical
 from calib.calibrate.curves import (  # noqa: F401 - re-exported: the contract's public names
     CollectiveCurve,
     NetworkScaling,
@@ -70,10 +82,11 @@ from calib.core.collective_names import (
     canonical,
 )
 from calib.core.errors import InputError
+from calib.core.strict import check_types, reject_unknown
 
 NCCL_FORM = "nccl"  # calibrate.ncclmodel.FORM (not imported: the model imports this module's contract)
 CALIBRATION_FORMAT = "calib.calibration"
-CALIBRATION_SCHEMA_VERSION = 1
+CALIBRATION_SCHEMA_VERSION = 2
 
 
 _FALLBACK = {
@@ -104,6 +117,9 @@ class Calibration:
     #: the physical compute model of the traced device (GEMM roofline, attention, streamed
     #: bytes, optimizer, host, memory), fitted from GPU traces; None without them
     device_model: DeviceModel | None = None
+    #: ranks one node runs at full speed (devices, or cores / threads per rank on a CPU
+    #: host), fitted from runs with several ranks per node; None: one per device
+    compute_slots_per_node: Param | None = None
     provenance: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     created: str = ""
@@ -303,25 +319,35 @@ class Calibration:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Calibration:
-        d = dict(d)
+        """Strict: unknown keys, here or in a nested object, are a ValueError naming them.
+
+        A schema-version-1 dict (compute slots under ``provenance["node"]``) is migrated."""
+        reject_unknown(d, cls, "calibration")
+        d = _migrate(dict(d))
 
         def curve(key: str) -> Saturating | None:
             return Saturating.from_json(d[key]) if d.get(key) else None
 
-        known = set(cls.__dataclass_fields__)
-        return cls(
+        slots = d.get("compute_slots_per_node")
+        cal = cls(
             **{
-                **{k: v for k, v in d.items() if k in known},
+                **d,
                 "collectives": tuple(CollectiveCurve.from_json(c) for c in d.get("collectives", ())),
-                "network": {k: NetworkScaling.from_json(v) for k, v in d.get("network", {}).items()},
+                "network": {k: NetworkScaling.from_json(v) for k, v in _obj(d, "network").items()},
                 "gemm_efficiency_curve": curve("gemm_efficiency_curve"),
                 "k1_curve": curve("k1_curve"),
                 "k2_curve": curve("k2_curve"),
-                "dispatch": {k: Param.from_json(v) for k, v in d.get("dispatch", {}).items()},
+                "dispatch": {k: Param.from_json(v) for k, v in _obj(d, "dispatch").items()},
                 "device_model": DeviceModel.from_json(d.get("device_model")),
+                "compute_slots_per_node": Param.from_json(slots) if slots is not None else None,
+                "provenance": _obj(d, "provenance"),
                 "notes": tuple(d.get("notes", ())),
+                "schema_version": CALIBRATION_SCHEMA_VERSION,
             }
         )
+        check_types(cal, "calibration")
+        check_physical(cal)
+        return cal
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (temporary file + rename): never a half-written calibration."""
@@ -339,14 +365,40 @@ class Calibration:
         if not isinstance(raw, dict) or raw.get("format") != CALIBRATION_FORMAT:
             raise InputError(path, f"not a calib calibration (format is not '{CALIBRATION_FORMAT}')")
         version = raw.get("schema_version")
-        if not isinstance(version, int) or version > CALIBRATION_SCHEMA_VERSION:
+        if (
+            not isinstance(version, int)
+            or isinstance(version, bool)
+            or not 1 <= version <= CALIBRATION_SCHEMA_VERSION
+        ):
             raise InputError(
-                path, f"calibration schema version {version} is newer than this calib understands"
+                path,
+                f"calibration schema version {version!r} is not one this calib understands "
+                f"(1..{CALIBRATION_SCHEMA_VERSION})",
             )
         try:
             return cls.from_json(raw)
-        except (KeyError, TypeError, ValueError) as exc:
+        except KeyError as exc:
+            raise InputError(path, f"malformed calibration: missing field {exc}") from None
+        except (LookupError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(path, f"malformed calibration: {exc}") from None
+
+
+def _obj(d: Mapping[str, Any], key: str) -> dict:
+    v = d.get(key) or {}
+    if not isinstance(v, Mapping):
+        raise ValueError(f"'{key}' must be an object, got {type(v).__name__}")
+    return dict(v)
+
+
+def _migrate(d: dict[str, Any]) -> dict[str, Any]:
+    """Schema version 1 -> 2: compute slots from ``provenance["node"]`` into their field."""
+    if d.get("schema_version", CALIBRATION_SCHEMA_VERSION) >= 2 or "compute_slots_per_node" in d:
+        return d
+    node = _obj(_obj(d, "provenance"), "node")
+    raw = node.get("compute_slots_per_node")
+    if isinstance(raw, Mapping) and "value" in raw:
+        d["compute_slots_per_node"] = raw
+    return d
 
 
 def _intra_curve(curves: list[CollectiveCurve]) -> CollectiveCurve:

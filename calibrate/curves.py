@@ -16,6 +16,7 @@ from numpy.typing import ArrayLike
 
 from calib.core.collective_names import busbw_factor
 from calib.core.errors import InputError
+from calib.core.strict import reject_unknown
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Segment:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Segment:
+        reject_unknown(d, cls, "segment")
         return cls(
             min_bytes=float(d["min_bytes"]),
             max_bytes=float(d["max_bytes"]),
@@ -115,6 +117,7 @@ class CollectiveCurve:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> CollectiveCurve:
+        reject_unknown(d, cls, "collective curve")
         return cls(
             **{
                 **d,
@@ -180,15 +183,22 @@ class NetworkScaling:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NetworkScaling:
+        reject_unknown(d, cls, "network scaling")
         return cls(
             collective=d["collective"],
             form=d["form"],
             g_gpus=int(d["g_gpus"]),
-            params={k: Param.from_json(v) for k, v in d["params"].items()},
+            params={k: Param.from_json(v) for k, v in _mapping(d["params"], "network.params").items()},
             quality=FitQuality.from_json(d.get("quality")),
             measured=tuple(tuple(m) for m in d.get("measured", ())),
             segments=tuple(Segment.from_json(x) for x in d.get("segments", ())),
         )
+
+
+def _mapping(v: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise ValueError(f"{what} must be an object, got {type(v).__name__}")
+    return v
 
 
 def _form_log(r: np.ndarray, p: Mapping[str, float]) -> np.ndarray:

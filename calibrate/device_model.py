@@ -35,6 +35,8 @@ import numpy as np
 from calib.calibrate.params import FitQuality, Param
 from numpy.typing import ArrayLike
 
+from calib.core.strict import reject_unknown
+
 ALIGN_ELEMS = 8  # cuBLAS tensor-core kernels need 16-byte aligned rows: 8 bf16 elements
 ATTN_HEAD_TILE = 64  # flash-attention kernels pad the head dimension to this multiple
 GELU, SWIGLU = "gelu", "swiglu"
@@ -100,6 +102,7 @@ class GemmModel:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> GemmModel:
+        reject_unknown(d, cls, "device_model.gemm")
         keys = ("rate_tflops", "operand_tbps", "fixed_s", "unaligned_m", "unaligned_n", "unaligned_k")
         return cls(**{k: Param.from_json(d[k]) for k in keys}, quality=FitQuality.from_json(d.get("quality")))
 
@@ -139,6 +142,7 @@ class Family:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Family:
+        reject_unknown(d, cls, "device_model.families")
         out = {k: (Param.from_json(v) if isinstance(v, dict) else v) for k, v in d.items()}
         out["runs"] = tuple(d.get("runs", ()))
         return cls(**out)
@@ -222,6 +226,7 @@ class DeviceModel:
     def from_json(cls, d: Mapping[str, Any] | None) -> DeviceModel | None:
         if not d:
             return None
+        reject_unknown(d, cls, "device_model")
         out = dict(d)
         for k, v in d.items():
             if isinstance(v, dict) and "value" in v:

@@ -173,9 +173,10 @@ def fit_system(
         k2_curve=k2,
         dispatch=dispatch,
         device_model=device_model,
+        compute_slots_per_node=slots,
         provenance={
             **_provenance(sel, source, cf.points),
-            **_node_provenance(slots, gpn, node_pts, slowdowns),
+            **_node_provenance(gpn, node_pts, slowdowns),
             **({"gemm_points": _records(cf.gemm_points)} if cf.gemm_points is not None else {}),
             **({"peak": {**peak_info.__dict__, "source": "GEMM benchmark"}} if peak_info else {}),
         },
@@ -231,7 +232,7 @@ def _network(sel: Selection, where: str, notes: list[str], topology=None, topolo
     return curves, networks, gpn, source
 
 
-#: provenance key of the node model (read by analytic.machine): compute slots per node
+#: provenance key of the evidence behind ``Calibration.compute_slots_per_node``
 NODE_KEY = "node"
 
 
@@ -239,26 +240,20 @@ def _records(df: pd.DataFrame | None) -> list[dict]:
     return df.replace({np.nan: None}).to_dict(orient="records") if df is not None and len(df) else []
 
 
-def _node_provenance(slots: Param, gpn: int, points: pd.DataFrame, slowdowns: pd.DataFrame) -> dict:
-    """How many ranks a node runs at full speed: the effective compute slots S (fit or bound).
+def _node_provenance(gpn: int, points: pd.DataFrame, slowdowns: pd.DataFrame) -> dict:
+    """The evidence behind the compute slots S (the typed field ``compute_slots_per_node``).
 
     r ranks on one node slow each other by max(1, r / S) (time-sharing of cores, or of a
-    device); S <= devices per node.  Kept under ``provenance["node"]`` (the calibration
-    contract has no field for it yet): {"compute_slots_per_node": Param, "devices_per_node",
-    "points", "slowdowns"}.
+    device); S <= devices per node.  ``provenance["node"]``: {"devices_per_node", "points",
+    "slowdowns"} -- the measured points, not read by the model.
     """
     return {
         NODE_KEY: {
-            "compute_slots_per_node": _clean_param(slots),
             "devices_per_node": int(gpn),
             "points": _records(points),
             "slowdowns": _records(slowdowns),
         }
     }
-
-
-def _clean_param(p: Param) -> dict:
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.__dict__.items()}
 
 
 def _as_default(curve: Saturating, note: str) -> Saturating:

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from calib.core.strict import reject_unknown
+
 FITTED, DEFAULT, UNIDENTIFIABLE, FIXED = "fitted", "default", "unidentifiable", "fixed"
 STATUSES = (FITTED, DEFAULT, UNIDENTIFIABLE, FIXED)
 
@@ -39,6 +41,7 @@ class Param:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Param:
+        reject_unknown(d, cls, "parameter")
         ci = d.get("ci95")
         return cls(**{**d, "ci95": tuple(ci) if ci is not None else None})
 
@@ -70,6 +73,7 @@ class FitQuality:
     def from_json(cls, d: Mapping[str, Any] | None) -> FitQuality | None:
         if d is None:
             return None
+        reject_unknown(d, cls, "fit quality")
         return cls(**{**d, "residuals": tuple(d.get("residuals", ()))})
 
 
@@ -105,6 +109,7 @@ class Saturating:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Saturating:
+        reject_unknown(d, cls, "curve")
         return cls(
             y_max=Param.from_json(d["y_max"]),
             x_half=Param.from_json(d["x_half"]),

@@ -243,12 +243,12 @@ def _decode_many(raws: list[msgspec.Raw]) -> list[Any]:
     parts = [bytes(r) if len(r) else b"null" for r in raws]
     try:
         return msgspec.json.decode(b"[" + b",".join(parts) + b"]")
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         out = []
         for p in parts:
             try:
                 out.append(msgspec.json.decode(p))
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, UnicodeDecodeError):
                 out.append(None)
         return out
 

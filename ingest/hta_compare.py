@@ -35,11 +35,7 @@ with ``span="hta"``), or from the per-iteration tables ``calib ingest`` publishe
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -88,30 +84,9 @@ BUSY_QUANTITIES = (
 )
 
 ALL = "all"  # the rank label of totals over all ranks of a trace set
-_NS_ROUNDING_ENV = "HTA_DISABLE_NS_ROUNDING"
 
 
 # --------------------------------------------------------------------------- HTA side
-
-
-@contextmanager
-def _hta_ns_rounding(enabled: bool) -> Iterator[None]:
-    """HTA's ns rounding on or off for the duration (its singleton and, for worker
-    processes that re-read it, its environment variable), restored afterwards."""
-    from hta.configs.env_options import HTAEnvOptions
-
-    opts = HTAEnvOptions.instance()
-    saved_opt, saved_env = opts.disable_ns_rounding(), os.environ.get(_NS_ROUNDING_ENV)
-    opts.set_disable_ns_rounding(not enabled)
-    os.environ[_NS_ROUNDING_ENV] = "0" if enabled else "1"
-    try:
-        yield
-    finally:
-        opts.set_disable_ns_rounding(saved_opt)
-        if saved_env is None:
-            os.environ.pop(_NS_ROUNDING_ENV, None)
-        else:
-            os.environ[_NS_ROUNDING_ENV] = saved_env
 
 
 def hta_totals(paths: Sequence[str | Path], *, ns_rounding: bool = True) -> pd.DataFrame:
@@ -122,15 +97,11 @@ def hta_totals(paths: Sequence[str | Path], *, ns_rounding: bool = True) -> pd.D
     :data:`QUANTITIES`), ``us``.  HTA's per-type sweep is summed over ranks, so
     ``comm_union`` and ``comm_exposed`` are per rank only for a single-rank job.
     """
-    from hta.trace_analysis import TraceAnalysis
+    from calib.core.hta import trace_analysis
 
-    with tempfile.TemporaryDirectory(prefix="calib-hta-") as tmp:
-        for i, p in enumerate(map(Path, paths)):  # HTA reads each file's rank from its content
-            shutil.copy(p, Path(tmp) / f"{i}-{p.name}")
-        with _hta_ns_rounding(ns_rounding):
-            ta = TraceAnalysis(trace_dir=tmp)
-            temporal = ta.get_temporal_breakdown(visualize=False)
-            by_type, by_kernel = ta.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)
+    with trace_analysis(paths, ns_rounding=ns_rounding) as ta:
+        temporal = ta.get_temporal_breakdown(visualize=False)
+        by_type, by_kernel = ta.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)
 
     rows: list[tuple[str, str, float]] = []
     sums = by_kernel.groupby(["rank", "kernel_type"])["sum (us)"].sum()

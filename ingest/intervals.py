@@ -107,23 +107,6 @@ def inside_any(t: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return (pos >= 0) & (e[np.maximum(pos, 0)] > t)
 
 
-def union_length(start: np.ndarray, end: np.ndarray) -> int:
-    """Total length covered by a set of (possibly overlapping) intervals."""
-    if len(start) == 0:
-        return 0
-    order = np.argsort(start, kind="stable")
-    s, e = start[order], end[order]
-    run_end = np.maximum.accumulate(e)
-    # a new merged block starts where an interval begins after everything before it ended
-    new_block = np.ones(len(s), dtype=bool)
-    new_block[1:] = s[1:] > run_end[:-1]
-    block_id = np.cumsum(new_block) - 1
-    block_start = s[new_block]
-    block_end = np.zeros(block_id[-1] + 1, dtype=np.int64)
-    np.maximum.at(block_end, block_id, e)
-    return int((block_end - block_start).sum())
-
-
 @dataclass(frozen=True)
 class Nesting:
     """Properly nested intervals per thread (host operators), indexed for queries.

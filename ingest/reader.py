@@ -256,6 +256,10 @@ def read_trace(path: str | Path, max_inflated_bytes: int | None = None) -> RawTr
             raise InputError(path, f"not a Kineto trace: {exc}") from None
         except msgspec.DecodeError as exc:
             raise InputError(path, f"invalid JSON ({_json_problem(exc, len(data))})") from None
+        except UnicodeDecodeError as exc:  # a string that is not UTF-8 (a lone surrogate)
+            raise InputError(
+                path, f"invalid JSON (a string that is not UTF-8 near byte {exc.start})"
+            ) from None
         events = doc.traceEvents
         if events is None:
             raise InputError(path, "JSON is not a trace: no 'traceEvents' list")

@@ -130,6 +130,10 @@ class Splitter:
             if "truncated" in text.lower():
                 text = f"truncated after {total} bytes"
             raise InputError(self.path, f"invalid JSON ({text})") from None
+        except UnicodeDecodeError as exc:
+            raise InputError(
+                self.path, f"invalid JSON (a string that is not UTF-8 near byte {exc.start})"
+            ) from None
 
     def _find_events(self, buf: bytes) -> bytes | None:
         """In the part before the events: find the array's '['; return what follows it."""
@@ -260,3 +264,7 @@ def _decode_batch(path: Path, batch: bytes, offset: int) -> list[Event]:
         raise InputError(path, f"not a Kineto trace: {exc} (in the events from byte {offset})") from None
     except msgspec.DecodeError as exc:
         raise InputError(path, f"invalid JSON ({exc}; in the events from byte {offset})") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            path, f"invalid JSON (a string that is not UTF-8 near byte {offset + exc.start})"
+        ) from None

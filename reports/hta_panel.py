@@ -16,14 +16,6 @@ the delay from the end of the launch call to the kernel's start.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import importlib.util
-import io
-import logging
-import shutil
-import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +23,7 @@ import numpy as np
 import pandas as pd
 from calib.reports import style as S
 
-from calib.core.rundir import Run
+from calib.core.rundir import Run, sha256_file
 
 RUNTIME_CUTOFF_US = 50  # HTA defaults: launch calls slower than this are outliers
 LAUNCH_DELAY_CUTOFF_US = 100
@@ -47,7 +39,9 @@ class HtaResult:
 
 
 def available() -> bool:
-    return importlib.util.find_spec("hta") is not None
+    from calib.core.hta import available as hta_available
+
+    return hta_available()
 
 
 def is_gpu_run(run: Run) -> bool:
@@ -63,11 +57,7 @@ def source_files(run: Run) -> tuple[list[Path], str]:
         p = Path(src.path)
         if not p.is_file():
             return [], f"source trace {src.path} is no longer there"
-        h = hashlib.sha256()
-        with p.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        if src.sha256 and h.hexdigest() != src.sha256:
+        if src.sha256 and sha256_file(p) != src.sha256:
             return [], f"source trace {src.path} changed since ingest (sha256 differs)"
         files.append(p)
     return (files, "") if files else ([], "run records no source files")
@@ -80,21 +70,15 @@ def analyse(run: Run) -> tuple[HtaResult | None, str]:
     files, why = source_files(run)
     if not files:
         return None, why
-    from hta.trace_analysis import TraceAnalysis
+    from calib.core.hta import trace_analysis
 
-    logging.getLogger("hta").setLevel(logging.CRITICAL)  # HTA logs (and prints) freely; its results come back
-    with tempfile.TemporaryDirectory(prefix="calib-report-hta-") as tmp:
-        for i, p in enumerate(files):
-            shutil.copy(p, Path(tmp) / f"{i}-{p.name}")
-        try:
-            with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ta = TraceAnalysis(trace_dir=tmp)
-                ranks = sorted(ta.t.traces)  # HTA's default is rank 0 only
-                idle, _ = ta.get_idle_time_breakdown(ranks=ranks, visualize=False)
-                launch = ta.get_cuda_kernel_launch_stats(ranks=ranks, visualize=False)
-        except Exception as exc:  # noqa: BLE001 - HTA's own failures become a note, not a crash
-            return None, f"HTA could not analyse the trace ({type(exc).__name__}: {str(exc)[:120]})"
+    try:
+        with trace_analysis(files, quiet=True) as ta:
+            ranks = sorted(ta.t.traces)  # HTA's default is rank 0 only
+            idle, _ = ta.get_idle_time_breakdown(ranks=ranks, visualize=False)
+            launch = ta.get_cuda_kernel_launch_stats(ranks=ranks, visualize=False)
+    except Exception as exc:  # noqa: BLE001 - HTA's own failures become a note, not a crash
+        return None, f"HTA could not analyse the trace ({type(exc).__name__}: {str(exc)[:120]})"
     idle = idle.rename(columns={"idle_time": "idle_time_us"})[
         ["rank", "stream", "idle_category", "idle_time_us"]
     ]

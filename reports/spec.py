@@ -27,7 +27,8 @@ A spec has up to five parts; each is optional and a missing part is simply not d
 
 The spec ``default`` (what a report of a calibration alone uses) is the block above plus
 the Korthikanti and Megatron-2020 tables; ``none`` predicts nothing.  Table paths
-are taken relative to the spec file, then to the bundled ``fixtures/published/``.
+are taken relative to the spec file, then to the bundled published tables
+(:func:`calib.core.bundled.published_dir`: ``$CALIB_FIXTURES``, package data, or the repository's).
 """
 
 from __future__ import annotations
@@ -39,10 +40,9 @@ from typing import Any
 
 import yaml
 
+from calib.core.bundled import published_dir
 from calib.core.errors import InputError
 
-#: where the published tables of the repository live (present in a source checkout)
-PUBLISHED = Path(__file__).resolve().parents[1] / "fixtures" / "published"
 SEED004_MODELS = ("gpt-125m", "gpt-1.3b", "gpt-2.7b", "gpt-6.7b", "gpt-13b", "gpt-18.4b")
 
 
@@ -231,11 +231,12 @@ def _typed(v: Any, kind: type, where: str):
 
 def table_path(spec: PredictSpec, name: str) -> Path:
     """A validation table: as given, relative to the spec file, or bundled."""
-    for base in (None, spec.base_dir, PUBLISHED):
+    published = published_dir()
+    for base in (None, spec.base_dir, published):
         p = Path(name) if base is None else base / name
         if p.is_file():
             return p
     raise InputError(
         "predict",
-        f"validation table '{name}' not found (as given, next to the spec, or in {PUBLISHED})",
+        f"validation table '{name}' not found (as given, next to the spec, or in {published})",
     )

@@ -33,7 +33,7 @@ def tiny_loop(out: Path, steps: int, **kwargs) -> object:
     import torch
     from calib.ingest.capture.model import TinyGPT, batch
     from calib.ingest.capture.profile import CaptureSettings, capture
-    from calib.ingest.capture.spec import GPTShape
+    from calib.ingest.capture.runspec import GPTShape
 
     torch.manual_seed(0)
     shape = GPTShape(d=32, l=1, a=2, s=16, V=64, b=2)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from calib.ingest.capture.check import check_run
 from calib.ingest.capture.runconfig import read_run_config, trace_name
-from calib.ingest.capture.spec import GPTShape, ProfileWindow, RunSpec
+from calib.ingest.capture.runspec import GPTShape, ProfileWindow, RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "fixtures" / "traces" / "generated"

@@ -28,11 +28,13 @@ Example:
     help="Directory for the demo's store and report.",
 )  # fmt: skip
 @click.option(
-    "--fixtures", type=click.Path(path_type=Path), help="Fixtures directory (default: the repository's)."
+    "--fixtures",
+    type=click.Path(path_type=Path),
+    help="Fixtures directory (default: $CALIB_FIXTURES, else the installed package data, else the repository's).",
 )
 def demo(out_dir: Path, fixtures: Path | None):
-    from calib.demo_pipeline import FIXTURES, run_demo
+    from calib.demo_pipeline import run_demo
 
-    path = run_demo(out_dir, fixtures or FIXTURES, echo=click.echo)
+    path = run_demo(out_dir, fixtures, echo=click.echo)
     click.echo(f"report: {path.resolve()}")
     click.echo(f"open it with: xdg-open {path}   (or any browser; it needs no network)")

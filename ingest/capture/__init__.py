@@ -31,7 +31,7 @@ from calib.ingest.capture.check import CheckReport, Finding, TraceSummary, check
 from calib.ingest.capture.collect import collect
 from calib.ingest.capture.profile import Capture, CaptureSettings, capture
 from calib.ingest.capture.runconfig import RUN_CONFIG_NAME, read_run_config, trace_name, write_run_config
-from calib.ingest.capture.spec import GPTShape, ProfileWindow, RunSpec
+from calib.ingest.capture.runspec import GPTShape, ProfileWindow, RunSpec
 from calib.ingest.capture.train import generate_run
 
 __all__ = [

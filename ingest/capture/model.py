@@ -12,7 +12,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from calib.ingest.capture.spec import GPTShape
+from calib.ingest.capture.runspec import GPTShape
 from torch import nn
 
 

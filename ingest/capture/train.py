@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from calib.ingest.capture.spec import GPTShape, ProfileWindow, RunSpec
+from calib.ingest.capture.runspec import GPTShape, ProfileWindow, RunSpec
 
 
 def spec_to_json(spec: RunSpec) -> dict[str, Any]:
