@@ -36,8 +36,11 @@ def read_power_fit(path: str | Path) -> dict:
     except (OSError, ValueError) as exc:
         raise InputError(p, f"not a power fit JSON: {exc}") from None
     for k in ("static_w", "dynamic_w"):
-        if not isinstance(data.get(k), dict) or not isinstance(data[k].get("value"), (int, float)):
-            raise InputError(p, f"field {k} must be {{value, stderr}} (written by calib fit --power)")
+        v = data.get(k).get("value") if isinstance(data.get(k), dict) else None
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
+            raise InputError(
+                p, f"field {k} must be {{value, stderr}} with a finite value >= 0 (calib fit --power)"
+            )
     return data
 
 
@@ -59,9 +62,9 @@ def add_energy(model, machine, result, plan, system, store, tokens, price, dtype
 
     from calib.analytic.energy import energy_of_table
 
-    if tokens is not None and not tokens > 0:
-        raise InputError("tokens", f"must be positive, got {tokens}")
-    if price is not None and (price < 0 or tokens is None):
+    if tokens is not None and not 0 < tokens < float("inf"):
+        raise InputError("tokens", f"must be a positive finite number, got {tokens}")
+    if price is not None and (not 0 <= price < float("inf") or tokens is None):
         raise InputError("price_per_gpu_hour", "must be non-negative and given with a token budget")
     power = power_spec(machine.hw, system, store, dtype, power_file)
     cols, _ = energy_of_table(model, machine, result.table, plan, power, tokens, price)
