@@ -179,12 +179,22 @@ def search(
     global_batch: int,
     space: Space = Space(),
     top: int = 10,
+    objective: str = "time",
+    power=None,
 ) -> SearchResult:
     """Enumerate, evaluate and rank every valid strategy (see module docstring).
 
     The grid pass is lean (iteration time and memory); the top strategies are then
-    re-evaluated in full by the same model for their breakdown.
+    re-evaluated in full by the same model for their breakdown.  ``objective``: ``time``
+    (seconds per iteration), ``energy`` (joules per token at the top clock, needs ``power``,
+    an :class:`~calib.analytic.energy.PowerSpec`) or ``cost`` (GPU-seconds per token).
     """
+    from calib.analytic import energy as E
+
+    if objective not in E.OBJECTIVES:
+        from calib.core.errors import InputError
+
+        raise InputError("objective", f"'{objective}' is not one of {', '.join(E.OBJECTIVES)}")
     t0 = time.perf_counter()
     gpus = [gpus] if isinstance(gpus, (int, np.integer)) else sorted(set(int(g) for g in gpus))
     lay = layouts(model, gpus, global_batch, space)
@@ -204,7 +214,8 @@ def search(
         lay_g = {k: v[sel] for k, v in lay.items()}
         comm_g = None if comm_all is None else {k: v[sel] for k, v in comm_all.items()}
         opt = options(replace(sp_space, zero=zeros))
-        nv, nf = _scan(model, system, lay_g, comm_g, opt, global_batch, space, moe, max(top, 1), picks)
+        nv, nf = _scan(model, system, lay_g, comm_g, opt, global_batch, space, moe, max(top, 1), picks, objective,
+                       power)  # fmt: skip
         n_valid, n_fit = n_valid + nv, n_fit + nf
     if not picks:
         empty = pd.DataFrame()
@@ -212,19 +223,20 @@ def search(
     cand = {k: np.concatenate([p[k] for p in picks]) for k in picks[0]}
     if moe:
         cand["seq_parallel"] = cand["tp"] > 1
-    table = detail(model, system, cand, global_batch, space)
-    table = table.sort_values(["iter_s", "mem_total_gb"], kind="stable").reset_index(drop=True)
+    table = detail(model, system, cand, global_batch, space, power)
+    order = {"time": "iter_s", "energy": "energy_j_per_token", "cost": "gpu_s_per_token"}[objective]
+    table = table.sort_values([order, "iter_s", "mem_total_gb"], kind="stable").reset_index(drop=True)
     per_gpus = table.groupby("gpus", sort=True).head(1).sort_values("gpus").reset_index(drop=True)
     ranked = table.head(top).reset_index(drop=True)
     ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
     return SearchResult(ranked, per_gpus, n_valid, n_fit, time.perf_counter() - t0)
 
 
-def _scan(model, system, lay, comm_all, opt, B, space, moe, keep, picks) -> tuple[int, int]:
+def _scan(model, system, lay, comm_all, opt, B, space, moe, keep, picks, objective="time", power=None):
     """Evaluate the (layouts x options) grid in chunks; append the candidates to ``picks``:
     the ``keep`` fastest and the fastest of every GPU count.  Returns (valid, fitting) counts."""
     n_opt = int(np.prod([opt[k].size for k in OPTION_AXES]))
-    step = max(1, CHUNK_STRATEGIES // max(n_opt, 1))
+    step = max(1, CHUNK_STRATEGIES // max(n_opt, 1) // (1 if objective == "time" else 8))
     n_valid = n_fit = 0
     for lo in range(0, lay["tp"].size, step):  # chunks of layouts, not strategies
         sl = {k: v[lo : lo + step] for k, v in lay.items()}
@@ -232,8 +244,16 @@ def _scan(model, system, lay, comm_all, opt, B, space, moe, keep, picks) -> tupl
         grid = (n_lay, *(opt[k].size for k in OPTION_AXES))
         mask = option_mask(sl, opt, space.dist_opt)
         comm = None if comm_all is None else {k: _col(v[lo : lo + step]) for k, v in comm_all.items()}
-        r = evaluate(model, system, _strategies(sl, opt, B, space, moe), comm=comm, lean=True)
-        score = np.where(mask & ~r["oom"], r["iter_s"], np.inf)
+        sts = _strategies(sl, opt, B, space, moe)
+        r = evaluate(model, system, sts, comm=comm, lean=objective in ("time", "cost"))
+        if objective == "time":
+            key = r["iter_s"]
+        else:
+            from calib.analytic import energy as E
+
+            w = E.work_of(model, system, sts, r) if objective == "energy" else None
+            key = E.objective_values(objective, power, w, r, sts.gpus, B * model.seq_len)
+        score = np.where(mask & ~r["oom"], key, np.inf)
         score = np.broadcast_to(score, grid).reshape(n_lay, -1)
         n_valid += int(np.count_nonzero(np.broadcast_to(mask, grid)))
         n_fit += int(np.count_nonzero(np.isfinite(score)))
@@ -298,7 +318,7 @@ def _space_knobs(space: Space, zero) -> dict:
 
 
 def detail(
-    model: ModelSpec, system: System, cand: dict[str, np.ndarray], B: int, space: Space
+    model: ModelSpec, system: System, cand: dict[str, np.ndarray], B: int, space: Space, power=None
 ) -> pd.DataFrame:
     """Full evaluation of a few chosen strategies (1-D), as a table."""
     st = Strategies.of(**cand, global_batch=B, **_space_knobs(space, cand["zero"]))
@@ -313,6 +333,19 @@ def detail(
         r["dp_allreduce_exposed_s"] + r["dp_allgather_exposed_s"] + r["dp_reducescatter_exposed_s"]
     )
     df["mem_total_gb"] = r["mem_total_bytes"] / 1e9
+    df["gpu_s_per_token"] = df["gpus"] * df["iter_s"] / (B * model.seq_len)
+    if power is not None:
+        from calib.analytic.energy import energy_columns, work_of
+
+        ec = energy_columns(power, work_of(model, system, st, r), st.gpus, float(B * model.seq_len))
+        for k in (
+            "energy_j_per_token",
+            "energy_kj_per_iter",
+            "power_w_per_gpu",
+            "f_opt_mhz",
+            "energy_saving_opt",
+        ):
+            df[k] = np.broadcast_to(ec[k], (n,))
     band = iter_interval(model, system, st, df["iter_s"].to_numpy())
     if band is not None:
         df.insert(df.columns.get_loc("iter_s") + 1, "iter_s_lo", band[0])

@@ -165,12 +165,19 @@ class HardwareSpec:
     global_taper: float = 1.0  # upper-level bandwidth per node over its injection bandwidth
     topology_note: str = ""
     peak_fp8_tflops: float | None = None  # dense FP8 tensor-core peak per GPU (None: no FP8)
+    #: host / CPU offload memory per GPU (Calculon's offload tier; 0 = none) and its per-direction bandwidth
+    offload_gb: float = 0.0
+    offload_gbps: float = 0.0
 
     def __post_init__(self) -> None:
         who = self.name or "hardware"
         v8 = self.peak_fp8_tflops
         if v8 is not None and (not _number(v8) or not v8 > 0):
             raise InputError(who, f"peak_fp8_tflops must be a positive number, got {_short(v8)}")
+        for f in ("offload_gb", "offload_gbps"):
+            v = getattr(self, f)
+            if not _number(v) or v < 0:
+                raise InputError(who, f"{f} must be a number >= 0, got {_short(v)}")
         for f in ("peak_tflops", "hbm_gb", "hbm_tbps", "scale_up_gbps", "node_nic_gbps"):
             v = getattr(self, f)
             if not _number(v) or not v > 0:

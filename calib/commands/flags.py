@@ -37,6 +37,11 @@ FLAGS: dict[str, str] = {
     "schedule": "--schedule",
     "fp8": "--precision",
     "master_weights": "--master-weights",
+    "objective": "--objective",
+    "tokens": "--tokens",
+    "nvlink_domain": "--nvlink-domain",
+    "offload_gbps": "--offload-gbps",
+    "price_per_gpu_hour": "--price-per-gpu-hour",
     # fit
     "where": "--where",
     "peak_tflops": "--peak-tflops",

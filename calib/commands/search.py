@@ -83,7 +83,7 @@ Examples:
   calib search --model gpt3-175b --gpus 4096 --hardware selene --top 10
   calib search --model gpt3-175b --gpus 8-4096:8 --hardware dgx-h100   # system-size sweep
   calib search --model mixtral-8x7b --s 4096 --global-batch 1024 --gpus 256,512,1024 \\
-      --hardware dgx-h100 --cp 1,2 --precision fp8 --distributed-optimizer
+      --hardware dgx-h100 --cp 1,2 --schedules 1f1b,zb-h1,dualpipe --precision fp8 --distributed-optimizer
 """,
 )
 @machine_options
@@ -110,8 +110,8 @@ Examples:
 @click.option(
     "--ep", "ep_sizes", help="Expert-parallel sizes to consider (default: every divisor of the experts)."
 )
-@click.option("--schedules", default="1f1b,zb-h1,dualpipe", show_default=True,
-              help="Pipeline schedules to consider: " + SCHEDULE_HELP)  # fmt: skip
+@click.option("--schedules", default="1f1b", show_default=True,
+              help="Pipeline schedules to consider, e.g. 1f1b,zb-h1,dualpipe: " + SCHEDULE_HELP)  # fmt: skip
 @click.option("--precision", type=Choice(("bf16", "fp8")), default="bf16", show_default=True,
               help="GEMM precision for every strategy (fp8: the hardware's peak_fp8_tflops).")  # fmt: skip
 @click.option("--master-weights", type=Choice(("fp32", "bf16")), default="fp32", show_default=True,
@@ -123,11 +123,43 @@ Examples:
 @click.option(
     "--tp-comm-overlap", is_flag=True, help="Overlap TP collectives with GEMMs (a stated fraction)."
 )
+@click.option(
+    "--objective",
+    type=Choice(("time", "energy", "cost")),
+    default="time",
+    show_default=True,
+    help="Rank by iteration time, energy per token (datasheet or fitted power, docs/energy.md) or cost "
+    "(GPU-seconds per token, i.e. GPU-hours x price for a fixed token budget).",
+)
+@click.option(
+    "--dtype",
+    type=Choice(("bf16", "fp16", "fp8", "tf32", "fp32", "int8")),
+    default="bf16",
+    show_default=True,
+    help="Matmul data type for the energy per FLOP (with --objective energy).",
+)
+@click.option("--power", "power_file", metavar="FILE", help="Fitted power JSON (calib fit --power).")
+@click.option(
+    "--nvlink-domain",
+    type=Int(1),
+    help="Placement axis: re-time the fastest strategies under every placement of their TP/DP/PP groups on "
+    "NVLink domains of this many GPUs (4, 8, 72 ...) and rank by the placed time (seed 002).",
+)
+@click.option(
+    "--offload-gbps",
+    type=float,
+    help="Offload axis (seeds 000/001): host memory at this bandwidth per GPU and direction; the search adds "
+    "weight, activation and optimizer offload knobs and ranks by time with the exposed offload traffic.",
+)
+@click.option(
+    "--offload-gb", type=float, default=1024.0, show_default=True, help="Offload capacity per GPU (GB)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the ranked strategies as CSV.")
 @click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
 def search(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus,
-           global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, as_json, as_csv, out, **shape):  # fmt: skip
+           global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, objective, dtype, power_file,
+           nvlink_domain, offload_gbps, offload_gb, as_json, as_csv, out, **shape):  # fmt: skip
     from calib.analytic.bubble import SCHEDULES
     from calib.analytic.context import cp_kind_code
     from calib.analytic.formulas import RECOMPUTE_NAMES
@@ -172,7 +204,26 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     )
     if space.fp8 and not machine.hw.peak_fp8_tflops:
         raise InputError("--precision", f"hardware {machine.hw.name} states no peak_fp8_tflops")
-    res = run_search(model, machine, counts, B, space, top)
+    power = None
+    if objective == "energy":
+        from calib.commands.energy_cli import power_spec
+
+        power = power_spec(machine.hw, system, store, dtype, power_file)
+        notes = notes + list(power.notes)
+    if nvlink_domain or offload_gbps is not None:
+        from calib.commands.energy_cli import axis_search
+
+        text = axis_search(
+            model, machine, counts, B, space, top, nvlink_domain, offload_gbps, offload_gb, as_json, notes
+        )
+        text = output.emit(text, out)
+        if text is not None:
+            click.echo(text, nl=False)
+        return
+    res = run_search(model, machine, counts, B, space, top, objective=objective, power=power)
+    if objective != "time":
+        notes = notes + [f"ranked by {objective}: " + ("joules per token at the top clock under the power cap" if objective == "energy"
+                                                        else "GPU-seconds per token (GPU-hours x price per token)")]  # fmt: skip
 
     def named(df):
         if df.empty:
