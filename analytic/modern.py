@@ -283,11 +283,11 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
     keep = np.asarray(rc) != F.FULL
     in_flight = np.minimum(p, m)
     sbd = s_loc * b * d / t
-    extra = -np.where(st.fp8, PR.FP8_SAVED_SBD * sbd, 0.0) * float(model.n_layers) / p
+    extra = -np.where(st.fp8, PR.FP8_SAVED_SBD * sbd, 0.0) * np.ceil(float(model.n_layers) / p)
     if MOE.is_moe(model):
         T = b * s_loc / t
         per = MOE.activation_bytes_layer(model, T, d, mats) - MOE.DENSE_MLP_ACT * sbd
-        extra = extra + per * MOE.terms(model)["L_moe"] / p
+        extra = extra + per * np.ceil(MOE.terms(model)["L_moe"] / p)
     acts = (acts + np.where(keep, extra * in_flight, 0.0)) * in_flight_scale(p, st.schedule) + logits
     return {
         "mem_weights_bytes": weights,
@@ -322,7 +322,7 @@ def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, ma
     if MOE.is_moe(model):
         T, sbd = b * s_loc / t, s_loc * b * d / t
         per = MOE.activation_bytes_layer(model, T, d, mats) - MOE.DENSE_MLP_ACT * sbd
-        extra = per * MOE.terms(model)["L_moe"] / p * np.minimum(p, m)
+        extra = per * np.ceil(MOE.terms(model)["L_moe"] / p) * np.minimum(p, m)
         acts = acts + np.where(np.asarray(rc) != F.FULL, np.maximum(extra, 0.0), 0.0)
     acts = acts * in_flight_scale(p, st.schedule)
     added = (copies * w - mem["mem_weights_bytes"]) + (copies * o - mem["mem_optimizer_bytes"])

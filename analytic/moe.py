@@ -77,7 +77,7 @@ def params_split(model, d, t, p, ep, mats) -> tuple[np.ndarray, np.ndarray]:
         z = np.zeros(np.broadcast_shapes(np.shape(t), np.shape(p), np.shape(ep)))
         return z, z
     one = expert_params(d, m["f_e"], mats)
-    lps = m["L_moe"] / np.asarray(p, dtype=float)
+    lps = np.ceil(m["L_moe"] / np.asarray(p, dtype=float))  # the largest stage (analytic.uneven)
     shared = lps * (m["n_sh"] * one + np.asarray(d, dtype=float) * m["E"]) / np.asarray(t, dtype=float)
     routed = lps * (m["E"] / np.asarray(ep, dtype=float)) * one
     return shared, routed
