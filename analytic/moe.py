@@ -152,11 +152,12 @@ def layer_flops(model, T, t, mats, passes_fwd) -> dict[str, np.ndarray]:
 
 def activation_bytes_layer(model, T, d, mats, bytes_per_value=2.0) -> np.ndarray:
     """Bytes one MoE layer keeps for backward on one GPU beyond attention: every routed copy
-    keeps its expert input (d) and the MLP's intermediate (mats f_e: SwiGLU gate, up and
-    product, GeLU input and output), plus the permuted token buffers (2 d)."""
+    keeps its permuted expert input (d, the fc1 weight-gradient operand), the MLP's
+    intermediates (mats f_e: SwiGLU gate, up and product; GeLU input and output) and its
+    expert output (d, for the probability-weighted combine's backward)."""
     m = terms(model)
     T = np.asarray(T, dtype=float)
-    per_token = np.asarray(d, dtype=float) * 3.0 + mats * m["f_e"]
+    per_token = np.asarray(d, dtype=float) * 2.0 + mats * m["f_e"]
     routed = m["cap"] * T * m["k"] * per_token
     shared = T * m["n_sh"] * (np.asarray(d, dtype=float) + mats * m["f_e"])
     return bytes_per_value * (routed + shared)

@@ -159,3 +159,12 @@ def test_fitted_device_model_path_shards_experts_too(tmp_path):
     d_optim = (t1["mem_optimizer_gb"] - t8["mem_optimizer_gb"]) * 1e9
     assert d_optim == pytest.approx(12 * (8 * 5_637_144_576 / 64 - 5_637_144_576 / 8), rel=1e-9)
     assert t8["ep_cp_exposed_s"] > 0 and t8["iter_s"] > 0
+
+
+def test_moe_activation_bytes_by_hand():
+    """Per routed token: expert input d + SwiGLU gate, up and product 3 f_e + expert output d,
+    bf16.  Mixtral at b 1, s 4096 (T 4096 tokens, top-2): 8192 routed tokens x (2 x 4096 +
+    3 x 14336) values x 2 bytes = 838,860,800 bytes per MoE layer, replacing the dense MLP's
+    19 s b d (Korthikanti sec. 4.1)."""
+    mx = replace(load_model("mixtral-8x7b"), seq_len=4096)
+    assert MOE.activation_bytes_layer(mx, 4096, 4096, 3.0) == 8192 * (2 * 4096 + 3 * 14336) * 2 == 838_860_800
