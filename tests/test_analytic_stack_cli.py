@@ -156,3 +156,15 @@ def test_uneven_pp_layouts_reach_deepseek_v3s_pp16():
             "--no-interleave", "--zero", "1", "--precision", "fp8", "--top", "1", "--json").output
     )  # fmt: skip
     assert out["top"][0]["pp"] not in (1, 61)
+
+
+def test_moe_options_on_the_command_line():
+    """--experts 0 turns a MoE preset dense; --experts/--top-k/--shared-experts make one MoE."""
+    dense = json.loads(run("predict", "--model", "mixtral-8x7b", "--experts", "0", "--hardware", "dgx-h100",
+                           "--gpus", "8", "--s", "4096", "--json").output)  # fmt: skip
+    assert dense["model"]["n_experts"] == 0 and dense["model"]["top_k"] == 0
+    moe = json.loads(run("predict", "--model", "llama3-8b", "--experts", "16", "--top-k", "2", "--shared-experts",
+                         "1", "--expert-ffn", "3584", "--hardware", "dgx-h100", "--gpus", "16", "--ep", "16",
+                         "--json").output)  # fmt: skip
+    assert moe["model"]["n_experts"] == 16 and moe["configs"][0]["ep"] == 16
+    assert moe["configs"][0]["ep_cp_s"] > 0

@@ -78,6 +78,8 @@ def apply_moe(model, n_experts=None, top_k=None, expert_ffn=None, shared_experts
     }
     if over.get("n_experts") and "top_k" not in over and not model.top_k:
         raise InputError("--top-k", "give the experts per token with --experts")
+    if over.get("n_experts") == 0:  # --experts 0: the dense variant of a MoE preset
+        over.update(top_k=0, shared_experts=0, dense_layers=0, expert_ffn=None, capacity_factor=None)
     return replace(model, **over) if over else model
 
 
