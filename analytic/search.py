@@ -135,18 +135,28 @@ def search(
     global_batch: int,
     space: Space = Space(),
     top: int = 10,
+    objective: str = "time",
+    power=None,
 ) -> SearchResult:
     """Enumerate, evaluate and rank every valid strategy (see module docstring).
 
     The grid pass is lean (iteration time and memory); the top strategies are then
-    re-evaluated in full by the same model for their breakdown.
+    re-evaluated in full by the same model for their breakdown.  ``objective``: ``time``
+    (seconds per iteration), ``energy`` (joules per token at the top clock, needs ``power``,
+    an :class:`~calib.analytic.energy.PowerSpec`) or ``cost`` (GPU-seconds per token).
     """
+    from calib.analytic import energy as E
+
+    if objective not in E.OBJECTIVES:
+        from calib.core.errors import InputError
+
+        raise InputError("objective", f"'{objective}' is not one of {', '.join(E.OBJECTIVES)}")
     t0 = time.perf_counter()
     gpus = [gpus] if isinstance(gpus, (int, np.integer)) else sorted(set(int(g) for g in gpus))
     lay = layouts(model, gpus, global_batch, space)
     opt = options(space)
     n_opt = int(np.prod([opt[k].size for k in OPTION_AXES]))
-    step = max(1, CHUNK_STRATEGIES // max(n_opt, 1))
+    step = max(1, CHUNK_STRATEGIES // max(n_opt, 1) // (1 if objective == "time" else 8))
     keep = max(top, 1)
     picks: list[dict[str, np.ndarray]] = []
     n_valid = n_fit = 0
@@ -155,8 +165,11 @@ def search(
         n_lay = sl["tp"].size
         grid = (n_lay, *(opt[k].size for k in OPTION_AXES))
         mask = option_mask(sl, opt)
-        r = evaluate(model, system, _strategies(sl, opt, global_batch, space), lean=True)
-        score = np.where(mask & ~r["oom"], r["iter_s"], np.inf)
+        sts = _strategies(sl, opt, global_batch, space)
+        r = evaluate(model, system, sts, lean=objective in ("time", "cost"))
+        w = E.work_of(model, system, sts, r) if objective == "energy" else None
+        key = E.objective_values(objective, power, w, r, sts.gpus, global_batch * model.seq_len)
+        score = np.where(mask & ~r["oom"], key, np.inf)
         score = np.broadcast_to(score, grid).reshape(n_lay, -1)
         n_valid += int(np.count_nonzero(np.broadcast_to(mask, grid)))
         n_fit += int(np.count_nonzero(np.isfinite(score)))
@@ -185,8 +198,9 @@ def search(
         empty = pd.DataFrame()
         return SearchResult(empty, empty, n_valid, n_fit, time.perf_counter() - t0)
     cand = {k: np.concatenate([p[k] for p in picks]) for k in picks[0]}
-    table = detail(model, system, cand, global_batch, space)
-    table = table.sort_values(["iter_s", "mem_total_gb"], kind="stable").reset_index(drop=True)
+    table = detail(model, system, cand, global_batch, space, power)
+    order = {"time": "iter_s", "energy": "energy_j_per_token", "cost": "gpu_s_per_token"}[objective]
+    table = table.sort_values([order, "iter_s", "mem_total_gb"], kind="stable").reset_index(drop=True)
     per_gpus = table.groupby("gpus", sort=True).head(1).sort_values("gpus").reset_index(drop=True)
     ranked = table.head(top).reset_index(drop=True)
     ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
@@ -202,7 +216,7 @@ def _strategies(sl: dict, opt: dict, B: int, space: Space) -> Strategies:
 
 
 def detail(
-    model: ModelSpec, system: System, cand: dict[str, np.ndarray], B: int, space: Space
+    model: ModelSpec, system: System, cand: dict[str, np.ndarray], B: int, space: Space, power=None
 ) -> pd.DataFrame:
     """Full evaluation of a few chosen strategies (1-D), as a table."""
     st = Strategies.of(**cand, global_batch=B, flash_attention=space.flash_attention)
@@ -217,6 +231,19 @@ def detail(
         r["dp_allreduce_exposed_s"] + r["dp_allgather_exposed_s"] + r["dp_reducescatter_exposed_s"]
     )
     df["mem_total_gb"] = r["mem_total_bytes"] / 1e9
+    df["gpu_s_per_token"] = df["gpus"] * df["iter_s"] / (B * model.seq_len)
+    if power is not None:
+        from calib.analytic.energy import energy_columns, work_of
+
+        ec = energy_columns(power, work_of(model, system, st, r), st.gpus, float(B * model.seq_len))
+        for k in (
+            "energy_j_per_token",
+            "energy_kj_per_iter",
+            "power_w_per_gpu",
+            "f_opt_mhz",
+            "energy_saving_opt",
+        ):
+            df[k] = np.broadcast_to(ec[k], (n,))
     band = iter_interval(model, system, st, df["iter_s"].to_numpy())
     if band is not None:
         df.insert(df.columns.get_loc("iter_s") + 1, "iter_s_lo", band[0])

@@ -133,9 +133,16 @@ class HardwareSpec:
     nodes_per_group: int = 0  # nodes in one dragonfly group / under one leaf switch
     global_taper: float = 1.0  # upper-level bandwidth per node over its injection bandwidth
     topology_note: str = ""
+    #: host / CPU offload memory per GPU (Calculon's offload tier; 0 = none) and its per-direction bandwidth
+    offload_gb: float = 0.0
+    offload_gbps: float = 0.0
 
     def __post_init__(self) -> None:
         who = self.name or "hardware"
+        for f in ("offload_gb", "offload_gbps"):
+            v = getattr(self, f)
+            if not _number(v) or v < 0:
+                raise InputError(who, f"{f} must be a number >= 0, got {_short(v)}")
         for f in ("peak_tflops", "hbm_gb", "hbm_tbps", "scale_up_gbps", "node_nic_gbps"):
             v = getattr(self, f)
             if not _number(v) or not v > 0:

@@ -29,6 +29,7 @@ from calib.analytic.search import SearchResult, Space
 from calib.analytic.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from calib.analytic.timemodel import System
 from calib.analytic.validate import Validation
+from calib.api_seeds import SeedsMixin, fit_power  # noqa: F401 - public API
 from calib.calibrate.calibration import Calibration, Param
 from calib.core.errors import InputError
 from calib.core.rundir import Run, read_run, write_run
@@ -109,7 +110,7 @@ def _model(model: str | ModelSpec) -> ModelSpec:
     return model if isinstance(model, ModelSpec) else load_model(model)
 
 
-class SystemModel:
+class SystemModel(SeedsMixin):
     """The calibrated performance model of one system.
 
     Parameters are stored as given and used by :meth:`fit` (``where``, ``peak_tflops``,
@@ -298,9 +299,13 @@ class SystemModel:
         global_batch: int | None = None,
         top: int = 10,
         hardware: str | HardwareSpec | None = None,
+        objective: str = "time",
+        dtype: str = "bf16",
+        power: str | Path | None = None,
         **space: Any,
     ) -> SearchResult:
-        """Every valid strategy on ``gpus``, ranked by iteration time (``space``: :class:`Space` fields)."""
+        """Every valid strategy on ``gpus``, ranked by ``objective`` (time, energy or cost;
+        ``space``: :class:`Space` fields)."""
         from calib.analytic.formulas import RECOMPUTE_NAMES
         from calib.analytic.search import search as run_search
 
@@ -309,7 +314,12 @@ class SystemModel:
         if batch is None:
             raise InputError("global_batch", f"model {spec.label} has no default global batch; give one")
         machine, _ = self.machine(hardware)
-        res = run_search(spec, machine, gpus, batch, Space(**space), top)
+        pw = None
+        if objective == "energy":
+            from calib.commands.energy_cli import power_spec
+
+            pw = power_spec(machine.hw, None, None, dtype, str(power) if power else None)
+        res = run_search(spec, machine, gpus, batch, Space(**space), top, objective=objective, power=pw)
 
         def named(df):
             return df.assign(recompute=[RECOMPUTE_NAMES[i] for i in df["recompute"]]) if not df.empty else df

@@ -31,6 +31,11 @@ FLAGS: dict[str, str] = {
     "recompute": "--recompute",
     "seq_parallel": "--seq-parallel",
     "max_tp": "--max-tp",
+    "objective": "--objective",
+    "tokens": "--tokens",
+    "nvlink_domain": "--nvlink-domain",
+    "offload_gbps": "--offload-gbps",
+    "price_per_gpu_hour": "--price-per-gpu-hour",
     # fit
     "where": "--where",
     "peak_tflops": "--peak-tflops",

@@ -148,6 +148,7 @@ SEARCH_COLUMNS = {
     "interleave": "v", "zero": "ZeRO", "recompute": "recompute", "seq_parallel": "SP", "dp_overlap": "ovl",
     "iter_s": "iter s", "tokens_per_s": "tokens/s", "tflops_per_gpu": "TFLOP/s/GPU", "mfu": "MFU",
     "compute_s": "compute s", "comm_exposed_s": "comm s", "bubble_s": "bubble s", "mem_total_gb": "mem GB",
+    "energy_j_per_token": "J/token", "power_w_per_gpu": "W/GPU",
 }  # fmt: skip
 
 
@@ -166,8 +167,11 @@ def _search_view(table: pd.DataFrame) -> pd.DataFrame:
             table["iter_s_lo"].map(lambda v: f"{v:.4g}") + ".." + table["iter_s_hi"].map(lambda v: f"{v:.4g}")
         )
         view.insert(view.columns.get_loc("iter s") + 1, "90% interval", band.to_numpy())
-    for c in ("TFLOP/s/GPU", "mem GB"):
-        view[c] = view[c].round(1)
+    for c in ("TFLOP/s/GPU", "mem GB", "W/GPU"):
+        if c in view:
+            view[c] = view[c].round(1)
+    if "J/token" in view:
+        view["J/token"] = view["J/token"].map(lambda v: f"{v:.4g}")
     return view
 
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import click
 
-from calib.commands.options import MACHINE_HELP, Int, machine_options, model_options, require, resolve_model
+from calib.commands.options import (
+    MACHINE_HELP,
+    Choice,
+    Int,
+    machine_options,
+    model_options,
+    require,
+    resolve_model,
+)
 from calib.core.errors import InputError
 
 
@@ -79,11 +87,43 @@ Examples:
 @click.option(
     "--flash-attention", is_flag=True, help="Fused attention for every strategy (no s x s activations)."
 )
+@click.option(
+    "--objective",
+    type=Choice(("time", "energy", "cost")),
+    default="time",
+    show_default=True,
+    help="Rank by iteration time, energy per token (datasheet or fitted power, docs/energy.md) or cost "
+    "(GPU-seconds per token, i.e. GPU-hours x price for a fixed token budget).",
+)
+@click.option(
+    "--dtype",
+    type=Choice(("bf16", "fp16", "fp8", "tf32", "fp32", "int8")),
+    default="bf16",
+    show_default=True,
+    help="Matmul data type for the energy per FLOP (with --objective energy).",
+)
+@click.option("--power", "power_file", metavar="FILE", help="Fitted power JSON (calib fit --power).")
+@click.option(
+    "--nvlink-domain",
+    type=Int(1),
+    help="Placement axis: re-time the fastest strategies under every placement of their TP/DP/PP groups on "
+    "NVLink domains of this many GPUs (4, 8, 72 ...) and rank by the placed time (seed 002).",
+)
+@click.option(
+    "--offload-gbps",
+    type=float,
+    help="Offload axis (seeds 000/001): host memory at this bandwidth per GPU and direction; the search adds "
+    "weight, activation and optimizer offload knobs and ranks by time with the exposed offload traffic.",
+)
+@click.option(
+    "--offload-gb", type=float, default=1024.0, show_default=True, help="Offload capacity per GPU (GB)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the ranked strategies as CSV.")
 @click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
 def search(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus,
-           global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, as_json, as_csv, out, **shape):  # fmt: skip
+           global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, objective, dtype, power_file,
+           nvlink_domain, offload_gbps, offload_gb, as_json, as_csv, out, **shape):  # fmt: skip
     from calib.analytic.formulas import RECOMPUTE_NAMES
     from calib.analytic.search import Space
     from calib.analytic.search import search as run_search
@@ -110,7 +150,26 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         max_tp=max_tp,
         flash_attention=flash_attention,
     )
-    res = run_search(model, machine, counts, B, space, top)
+    power = None
+    if objective == "energy":
+        from calib.commands.energy_cli import power_spec
+
+        power = power_spec(machine.hw, system, store, dtype, power_file)
+        notes = notes + list(power.notes)
+    if nvlink_domain or offload_gbps is not None:
+        from calib.commands.energy_cli import axis_search
+
+        text = axis_search(
+            model, machine, counts, B, space, top, nvlink_domain, offload_gbps, offload_gb, as_json, notes
+        )
+        text = output.emit(text, out)
+        if text is not None:
+            click.echo(text, nl=False)
+        return
+    res = run_search(model, machine, counts, B, space, top, objective=objective, power=power)
+    if objective != "time":
+        notes = notes + [f"ranked by {objective}: " + ("joules per token at the top clock under the power cap" if objective == "energy"
+                                                        else "GPU-seconds per token (GPU-hours x price per token)")]  # fmt: skip
 
     def named(df):
         return df.assign(recompute=[RECOMPUTE_NAMES[i] for i in df["recompute"]]) if not df.empty else df
