@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from calib.analytic.specs import load_hardware
 from calib.analytic.validate import validate
@@ -31,6 +32,7 @@ PUB = Path(__file__).parents[1] / "fixtures" / "published"
 BLOOM = PUB / "bloom176b_bigscience_jean_zay_iteration_times.csv"
 MTNLG = PUB / "mtnlg530b_smith2022_iteration_times.csv"
 SC21T2 = PUB / "megatron_sc21_table2_ptdp_vs_zero3.csv"
+H100 = PUB / "mosaicml_llmfoundry_fsdp_h100_bf16.csv"
 
 # chronicles-prequel.md "Rebalancing layers" (02-28): (hidden, layers, DP, TP, PP, MBS, NHEADS) -> (Sec/it, TFLOPs)
 BLOOM_SOURCE = {
@@ -116,6 +118,31 @@ def test_sc21_table2_values_round_trip_from_the_source():
     assert got == SC21T2_SOURCE
 
 
+# llm-foundry README "H100 80GB BF16" (typed from the README text, a sample across the table):
+# (Model, SeqLen, # GPUs) -> (MicroBatchSize, GlobalBatchSize, Throughput T/s, Throughput T/s/GPU)
+H100_SOURCE = {
+    ("70b", 2048, 64): (8, 2048, 66523, 1039), ("30b", 8192, 8): (1, 168, 11072, 1384),
+    ("13b", 2048, 64): (2, 128, 307209, 4800), ("7b", 65536, 8): (1, 16, 15654, 1956),
+    ("3b", 512, 8): (40, 1920, 223721, 27965), ("1b", 2048, 64): (20, 1280, 2841754, 44402),
+    ("760m", 512, 8): (96, 1536, 669998, 83749),
+}  # fmt: skip
+
+
+def test_mosaic_h100_bf16_values_round_trip_from_the_source():
+    raw = pd.read_csv(H100)
+    assert len(raw) == 52 and set(raw["Precision"]) == {"amp_bf16"} and set(raw["GPU"]) == {"h100_80gb"}
+    key = list(zip(raw["Model"], raw["SeqLen (T)"], raw["# GPUs"], strict=True))
+    got = dict(zip(key, raw[["MicroBatchSize", "GlobalBatchSize", "Throughput (T/s)", "Throughput (T/s/GPU)"]]
+                   .itertuples(index=False, name=None), strict=True))  # fmt: skip
+    assert {k: got[k] for k in H100_SOURCE} == H100_SOURCE
+    # every row: the per-GPU column is the total over the GPUs (the README truncates to an integer)
+    per_gpu = raw["Throughput (T/s)"] / raw["# GPUs"]
+    assert ((per_gpu - raw["Throughput (T/s/GPU)"]).abs() < 1).all()
+    df, fmt = read_table(H100)
+    assert fmt == "mosaicml" and set(df["hardware"]) == {"dgx-h100"} and set(df["zero"]) == {3}
+    assert df["measured_tokens_per_s_per_gpu"].tolist() == raw["Throughput (T/s/GPU)"].tolist()
+
+
 def test_jean_zay_preset_is_four_100g_links_per_node():
     hw = load_hardware("jean-zay")
     assert hw.node_nic_gbps == 4 * 100 / 8  # "4 OmniPath links", 100 Gb/s each -> GB/s per node
@@ -131,6 +158,7 @@ EVERY_THIRD = [
     (PUB / "korthikanti2022_table5_iteration_times.csv", 5, 1.67, 5.0),
     (PUB / "megatron_readme_2020_tp_dp_scaling_iteration_times.csv", 8, 2.98, 5.0),
     (PUB / "mosaicml_llmfoundry_fsdp_a100.csv", 92, 9.11, 10.0),
+    (H100, 34, 13.15, 15.0),
 ]
 
 
