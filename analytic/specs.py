@@ -142,11 +142,7 @@ class HardwareSpec:
                 raise InputError(who, f"{f} must be a positive number, got {_short(v)}")
         for f in ("gpus_per_node", "nodes_per_group"):
             v = getattr(self, f)
-            if (
-                not isinstance(v, int)
-                or isinstance(v, bool)
-                or not (f == "gpus_per_node") <= v <= MAX_COUNT
-            ):
+            if not isinstance(v, int) or isinstance(v, bool) or not (f == "gpus_per_node") <= v <= MAX_COUNT:
                 raise InputError(who, f"{f} must be a positive integer (at most 2^53), got {_short(v)}")
         for f in ("intra_busbw_efficiency", "inter_busbw_efficiency", "global_taper"):
             v = getattr(self, f)
