@@ -74,12 +74,12 @@ def memory(
     rc = np.asarray(rc)
     # full recompute keeps each layer's input (2 bytes per value) plus one layer's full set
     per_layer = D.act_layer_bytes(fam, sh.d, sh.kv / sh.a, sh.ffn)
-    full_scale = (2.0 * sh.d / per_layer) + 1.0 / np.maximum(sh.L / p_, 1.0)
+    full_scale = (2.0 * sh.d / per_layer) + 1.0 / np.maximum(np.ceil(sh.L / p_), 1.0)
     scale = np.where(rc == F.FULL, full_scale, 1.0) * in_flight
     t_acts = np.where(np.asarray(sp, dtype=bool), t, 1.0)  # replicated activations without SP
     T = np.asarray(b, dtype=float) * sh.s
     V_eff = np.where(p_ == 1, sh.V, 0.0)  # logits live on the last stage only
-    mem = D.memory_bytes(dm, fam, p_w, p_opt, p_grad, T, sh.L / p_, sh.d, V_eff, t_acts, scale,
+    mem = D.memory_bytes(dm, fam, p_w, p_opt, p_grad, T, np.ceil(sh.L / p_), sh.d, V_eff, t_acts, scale,
                          ffn=sh.ffn, kv_frac=sh.kv / sh.a)  # fmt: skip
     mem = {f"mem_{k}_bytes": np.asarray(v_, dtype=float) for k, v_ in mem.items()}
     # the total is what the framework allocates at its peak (torch.cuda.max_memory_allocated);

@@ -19,11 +19,33 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-from calib.analytic.specs import HardwareSpec, hardware_for_device
+from calib.analytic.specs import HardwareSpec, hardware_for_device, load_hardware
 from calib.analytic.timemodel import System
 from calib.calibrate.calibration import DEFAULT, Calibration, CollectiveCurve, Param
 
 from calib.core.errors import InputError
+
+#: provenance key under which a validation fit stores its element-wise traffic factor (a
+#: :class:`System` setting, not a calibration curve; analytic.vfit.fitted_calibration)
+VECTOR_PASSES_KEY = "vector_passes"
+
+
+def saved_vector_passes(cal: Calibration) -> float | None:
+    """The element-wise traffic factor a validation fit stored in ``cal`` (None without one)."""
+    vp = (cal.provenance or {}).get(VECTOR_PASSES_KEY)
+    return float(vp["value"]) if isinstance(vp, dict) and vp.get("value") is not None else None
+
+
+def _saved_hardware(cal: Calibration) -> HardwareSpec | None:
+    """The preset a validation fit ran on (``provenance.validation_hardware``), when it is this device."""
+    name = (cal.provenance or {}).get("validation_hardware")
+    if not name:
+        return None
+    try:
+        hw = load_hardware(str(name))
+    except InputError:
+        return None
+    return hw if hw.device == cal.device and hw.gpus_per_node == cal.gpus_per_node else None
 
 
 def default_calibration(hw: HardwareSpec) -> Calibration:
@@ -180,7 +202,7 @@ def build_system(
         )
         return _node(System(cal, hw), ranks_per_node, notes), notes
     where = origin or f"calibration of {cal.system}"
-    own = hardware_for_device(cal.device, cal.gpus_per_node)
+    own = _saved_hardware(cal) or hardware_for_device(cal.device, cal.gpus_per_node)
     notes.append(f"calibration {where} (system {cal.system})")
     traced_k2 = System(cal, own or host_spec(cal)).k2_covers_other_kernels
     if hw is None:
@@ -217,6 +239,9 @@ def build_system(
     # a GPU runs one rank at full speed: compute slots (time-sharing) describe CPU hosts
     slots = compute_slots(cal) if cal.device_model is None else None
     machine = System(cal, hw, compute_slots_per_node=slots.value if slots is not None else None)
+    if saved_vector_passes(cal) is not None:
+        machine = replace(machine, vector_passes=saved_vector_passes(cal))
+        notes.append(f"element-wise traffic {machine.vector_passes:.3g} HBM passes, fitted by a validation")
     if machine.k2_covers_other_kernels:
         notes.append(
             "k2 measured on traces: element-wise, normalisation and optimizer kernels are inside its 1 - k2 share "

@@ -12,7 +12,9 @@ Activations: Korthikanti et al.'s bytes per layer (formulas.activation_bytes_lay
 the layers of one stage, times the micro-batches the first stage holds in flight under
 1F1B, min(p, m), times (1 + (p - 1) / (p v)) with interleaving; full recompute adds one
 layer's full activations (the layer being recomputed); a single-stage model also keeps
-the fp32 logits of its micro-batch.
+the fp32 logits of its micro-batch (inside ``activations`` and also given as ``logits``).
+
+An out-of-memory verdict names the term that overflows (:func:`overflow_term`).
 """
 
 from __future__ import annotations
@@ -43,34 +45,71 @@ def activations_bytes(
     b: ArrayLike, s: ArrayLike, d: ArrayLike, a: ArrayLike, L: ArrayLike, V: ArrayLike,
     t: ArrayLike, p: ArrayLike, m: ArrayLike, v: ArrayLike,
     recompute: ArrayLike = F.NONE, seq_parallel: ArrayLike = False, flash: ArrayLike = False,
+    logits: bool = True,
 ) -> np.ndarray:  # fmt: skip
-    """Activation bytes on the first pipeline stage (the one holding the most)."""
+    """Activation bytes on the first pipeline stage (the one holding the most); with
+    ``logits`` the single-stage model's fp32 logits (:func:`logits_bytes`) are included."""
     b, s, d, a, L, V, t, p, m, v = (np.asarray(x, dtype=float) for x in (b, s, d, a, L, V, t, p, m, v))
     rc = np.asarray(recompute)
     per_layer = F.activation_bytes_layer(b, s, d, a, t, seq_parallel, rc, flash)
     in_flight = np.minimum(p, m)
     interleave = np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
-    acts = per_layer * (L / p) * in_flight * interleave
+    acts = per_layer * np.ceil(L / p) * in_flight * interleave  # the largest stage (analytic.uneven)
     acts = acts + np.where(
         rc == F.FULL, F.activation_bytes_layer(b, s, d, a, t, seq_parallel, F.NONE, flash), 0.0
     )
-    return acts + np.where(p == 1, LOGITS_BYTES * b * s * V / t, 0.0)
+    return acts + (logits_bytes(b, s, V, t, p) if logits else 0.0)
+
+
+def logits_bytes(b: ArrayLike, s: ArrayLike, V: ArrayLike, t: ArrayLike, p: ArrayLike) -> np.ndarray:
+    """fp32 logits of one micro-batch kept for the cross-entropy backward (single-stage models)."""
+    b, s, V, t, p = (np.asarray(x, dtype=float) for x in (b, s, V, t, p))
+    return np.where(p == 1, LOGITS_BYTES * b * s * V / t, 0.0)
 
 
 def memory_per_gpu(
     params: ArrayLike, d_model: ArrayLike, t: ArrayLike, dp: ArrayLike, zero: ArrayLike,
-    activations: ArrayLike, reserve_bytes: float,
+    activations: ArrayLike, reserve_bytes: float, logits: ArrayLike | None = None,
 ) -> dict[str, np.ndarray]:  # fmt: skip
-    """Weights, gradients, optimizer states, activations and their total (with the reserve)."""
+    """Weights, gradients, optimizer states, activations (and, given separately, logits) and
+    their total (with the reserve)."""
     weights, grads, optim = zero_states_bytes(params, dp, zero)
     d = np.asarray(d_model, dtype=float)
     gathered = GATHERED_LAYERS * BYTES_WEIGHT * 12.0 * d * d / np.asarray(t, dtype=float)
     weights = weights + np.where(np.asarray(zero) == 3, gathered, 0.0)
-    acts = np.asarray(activations, dtype=float)
-    return {
+    lg = np.asarray(0.0 if logits is None else logits, dtype=float)
+    acts = np.asarray(activations, dtype=float) + lg
+    out = {
         "mem_weights_bytes": weights,
         "mem_grads_bytes": grads,
         "mem_optimizer_bytes": optim,
-        "mem_activations_bytes": acts,
+        "mem_activations_bytes": acts,  # with the logits, which are also given on their own
         "mem_total_bytes": weights + grads + optim + acts + reserve_bytes,
     }
+    if logits is not None:
+        out["mem_logits_bytes"] = lg
+    return out
+
+
+#: memory terms a verdict can name, in the order of the output columns
+MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "logits")
+
+
+def overflow_term(mem: dict, capacity_bytes: float) -> np.ndarray:
+    """Per strategy, the term that overflows device memory ('' where everything fits).
+
+    The named term is the largest of :data:`MEMORY_TERMS` present in ``mem`` (the one whose
+    reduction -- sharding, recompute, smaller micro-batch -- buys the most); the caller
+    prints it with the total and the capacity.
+    """
+    total = np.asarray(mem["mem_total_bytes"], dtype=float) + np.asarray(mem.get("mem_reserve_bytes", 0.0))
+    terms = {
+        t: np.asarray(mem[f"mem_{t}_bytes"], dtype=float) for t in MEMORY_TERMS if f"mem_{t}_bytes" in mem
+    }
+    if "logits" in terms:  # activations include the logits: compare the rest with them
+        terms["activations"] = terms["activations"] - terms["logits"]
+    names = list(terms)
+    shape = np.broadcast_shapes(total.shape, *(v.shape for v in terms.values()))
+    vals = np.stack([np.broadcast_to(v, shape) for v in terms.values()])
+    largest = np.asarray(names, dtype=object)[np.argmax(vals, axis=0)]
+    return np.where(np.broadcast_to(total, shape) > capacity_bytes, largest, "").astype(str)

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from calib.analytic import formulas as F
 from calib.analytic.interval import iter_interval
+from calib.analytic.memory import overflow_term
 from calib.analytic.specs import ModelSpec
 from calib.analytic.strategy import Strategies, check_config
 from calib.analytic.timemodel import TIME_KEYS, System, evaluate
@@ -79,8 +80,9 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
         df[k] = np.broadcast_to(r[k], n.shape)
     for k in ("weights", "grads", "optimizer", "activations", "total"):
         df[f"mem_{k}_gb"] = np.broadcast_to(r[f"mem_{k}_bytes"], n.shape) / GB
-    df["hbm_gb"] = system.hw.hbm_gb
+    df["hbm_gb"] = system.hw.hbm_bytes / GB  # capacity in the memory columns' GB (1e9 bytes)
     df["oom"] = np.broadcast_to(r["oom"], n.shape)
+    df["oom_term"] = np.broadcast_to(overflow_term(r, system.hw.hbm_bytes), n.shape)
     df["tokens_per_s"] = r["tokens_per_s"]
     df["tflops_per_gpu"] = r["model_tflops_per_gpu"]
     df["hw_tflops_per_gpu"] = r["hw_tflops_per_gpu"]
@@ -100,7 +102,11 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
         )
     if df["oom"].any():
         notes.append(
-            "OOM: " + ", ".join(f"{g} GPUs" for g in df.loc[df["oom"], "gpus"]) + " exceed device memory"
+            "OOM: "
+            + ", ".join(
+                f"{g} GPUs ({t} the largest term)" for g, t in df.loc[df["oom"], ["gpus", "oom_term"]].values
+            )
+            + " exceed device memory"
         )
     return Prediction(df, notes)
 

@@ -16,9 +16,13 @@ Each adapter states what the table does not say and where the missing knob comes
   Megatron), full activation checkpointing (assumed: the 2020 GPT-2 example scripts set
   --checkpoint-activations); DGX-2 rows on the ``dgx-2`` spec, DGX-A100 rows on ``tg40``
   (A100 40GB, the only A100 of 2020).
-* ``mosaicml``  llm-foundry FSDP benchmark: FULL_SHARD = ZeRO-3 with prefetch (dp_overlap),
-  activation checkpointing = full recompute, triton flash attention (the mpt yamls'
-  attn_impl), model shapes of the mpt-* presets.
+* ``mosaicml``  llm-foundry FSDP benchmark: each row's own ``Sharding Strategy``
+  (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2, NO_SHARD = DDP, i.e. ZeRO-0; PyTorch
+  FSDP docs) with prefetch / bucketed overlap (dp_overlap), activation checkpointing =
+  full recompute, triton flash attention (the mpt yamls' attn_impl), model shapes of the
+  mpt-* presets, and the ``GPU`` column mapped by exact name (``_MOSAIC_GPU``).  An unknown
+  GPU, a sharding strategy the model cannot express (HYBRID_SHARD: sharded inside a node,
+  replicated across nodes) or CPU-offloaded activations is an error naming the value.
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ def adapt(name: str, df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
         raise InputError(where, f"not a '{name}' table: missing column(s) {', '.join(missing)}")
     try:
         return _ADAPTERS[name](df)
+    except InputError as exc:  # an adapter's verdict on a value, said of this file
+        raise InputError(where, exc.problem) from None
     except KeyError as exc:
         raise InputError(where, f"'{name}' table: missing column or unknown row key {exc}") from None
 
@@ -136,23 +142,53 @@ def _megatron2020(df: pd.DataFrame) -> pd.DataFrame:
     })  # fmt: skip
 
 
+#: llm-foundry's GPU names -> hardware presets (exact names; anything else is an error).
+#: The table's sections say "A100 40GB / 80GB with 1600 Gbps node-node interconnect":
+#: DGX A100 nodes of 8 GPUs and 8 x 200 Gb/s NICs (tg40 = dgx-a100-40gb, dgx-a100-80gb).
+_MOSAIC_GPU = {"a100_40gb": "dgx-a100-40gb", "a100_80gb": "dgx-a100-80gb", "h100_80gb": "dgx-h100"}
+#: FSDP ShardingStrategy -> ZeRO stage (PyTorch FSDP docs: FULL_SHARD shards parameters,
+#: gradients and optimizer states; SHARD_GRAD_OP gradients and optimizer states; NO_SHARD
+#: is DDP).  HYBRID_SHARD / _HYBRID_SHARD_ZERO2 shard inside a node only: not expressible.
+_MOSAIC_SHARDING = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0}
+_MOSAIC_PRECISION = {"bf16", "amp_bf16", "fp16", "amp_fp16"}
+
+
+def _known(values: pd.Series, known, column: str) -> None:
+    bad = sorted(set(values) - set(known))
+    if bad:
+        raise InputError(
+            None, f"column '{column}': unknown value '{bad[0]}' (known: {', '.join(sorted(known))})"
+        )
+
+
 def _mosaicml(df: pd.DataFrame) -> pd.DataFrame:
     names = "mpt-" + df["Model"].astype(str).str.lower()
     specs = {n: load_model(n) for n in names.unique()}
     shape = {
         f: names.map(lambda n, f=f: getattr(specs[n], f)) for f in ("d_model", "n_layers", "n_heads", "vocab")
     }
-    gpu = df["GPU"].astype(str)
-    hardware = np.where(gpu.str.contains("80"), "dgx-a100-80gb", "tg40")
+    gpu = df["GPU"].astype(str).str.strip()
+    _known(gpu, _MOSAIC_GPU, "GPU")
+    sharding = (
+        df["Sharding Strategy"].astype(str).str.strip().str.upper()
+        if "Sharding Strategy" in df
+        else pd.Series("FULL_SHARD", index=df.index)
+    )
+    _known(sharding, _MOSAIC_SHARDING, "Sharding Strategy")
+    if "Precision" in df:
+        _known(df["Precision"].astype(str).str.strip().str.lower(), _MOSAIC_PRECISION, "Precision")
+    if "Activation CPUOffload" in df:
+        off = df["Activation CPUOffload"].astype(str).str.strip().str.lower()
+        _known(off, {"false", "0"}, "Activation CPUOffload")
     ckpt = df["Activation Checkpointing"].astype(str).str.lower().isin({"true", "1"})
     return pd.DataFrame({
         "label": "mosaic-" + df["Model"].astype(str) + "-s" + df["SeqLen (T)"].astype(str) + "-" + df["# GPUs"].astype(str) + "x" + gpu,
-        "hardware": hardware,
+        "hardware": gpu.map(_MOSAIC_GPU),
         **shape, "seq_len": df["SeqLen (T)"],
         "gpus": df["# GPUs"], "tp": 1, "pp": 1, "dp": df["# GPUs"],
         "micro_batch": df["MicroBatchSize"], "global_batch": df["GlobalBatchSize"],
-        "zero": 3, "recompute": np.where(ckpt, "full", "none"), "seq_parallel": False, "dp_overlap": True,
-        "flash_attention": True,
+        "zero": sharding.map(_MOSAIC_SHARDING), "recompute": np.where(ckpt, "full", "none"),
+        "seq_parallel": False, "dp_overlap": True, "flash_attention": True,
         "measured_tokens_per_s_per_gpu": df["Throughput (T/s/GPU)"],
         "group": gpu, "source": df["source"],
     })  # fmt: skip

@@ -188,7 +188,10 @@ class HardwareSpec:
 
     @property
     def hbm_bytes(self) -> float:
-        return self.hbm_gb * 1e9
+        """Device memory in bytes.  Vendors' "80 GB" of HBM is binary: 80 GiB (nvidia-smi
+        reports 40960 MiB for an A100 40GB, 81920 MiB for an A100 80GB), so ``hbm_gb`` is
+        taken in units of 2^30 bytes; memory terms are printed in GB of 1e9 bytes."""
+        return self.hbm_gb * 2.0**30
 
 
 def _number(v: Any) -> bool:

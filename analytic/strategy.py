@@ -104,8 +104,13 @@ def check_config(
         )
     if gpus % (tp * pp):
         raise InputError("gpus", f"{gpus} GPUs are not divisible by TP x PP = {tp} x {pp} = {tp * pp}")
-    if model.n_layers % pp:
-        raise InputError("pp", f"PP={pp} does not divide the {model.n_layers} layers of {model.label}")
+    if pp > model.n_layers or (interleave > 1 and model.n_layers % pp):  # uneven stages: analytic.uneven
+        raise InputError(
+            "pp",
+            f"PP={pp} "
+            + ("exceeds" if pp > model.n_layers else "with interleaving must divide")
+            + f" the {model.n_layers} layers of {model.label}",
+        )
     dp = gpus // (tp * pp)
     if global_batch % (dp * micro_batch):
         raise InputError(
@@ -141,9 +146,9 @@ def valid_mask(model, st: Strategies) -> np.ndarray:
     L = np.asarray(model.n_layers)
     a = np.asarray(model.n_heads)
     tp, pp, dp, b, B, v, z = st.tp, st.pp, st.dp, st.micro_batch, st.global_batch, st.interleave, st.zero
-    ok = (a % tp == 0) & (L % pp == 0) & (B % (dp * b) == 0) & (z >= 0) & (z <= 3)
+    ok = (a % tp == 0) & (pp <= L) & (B % (dp * b) == 0) & (z >= 0) & (z <= 3)
     m = B // np.maximum(dp * b, 1)
-    ok &= (v == 1) | ((pp > 1) & ((L // pp) % v == 0) & (m % pp == 0))
+    ok &= (v == 1) | ((pp > 1) & (L % pp == 0) & ((L // pp) % v == 0) & (m % pp == 0))
     ok &= (z <= 1) | (pp == 1)
     ok &= ~st.seq_parallel | (tp > 1)
     return ok

@@ -27,9 +27,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 from calib.analytic import device_path as DP
 from calib.analytic import formulas as F
+from calib.analytic import uneven as U
+from calib.analytic import zero_overlap as ZO
 from calib.analytic.bubble import pipeline_time_s
 from calib.analytic.comm import group_time_s, members_per_node
-from calib.analytic.memory import BYTES_GRAD, activations_bytes, memory_per_gpu
+from calib.analytic.memory import BYTES_GRAD, activations_bytes, logits_bytes, memory_per_gpu
 from calib.analytic.specs import HardwareSpec, ModelColumns, ModelSpec
 from calib.analytic.strategy import Strategies
 from calib.calibrate import device_step as D
@@ -143,7 +145,8 @@ def stage_params(d, L, s, V, t, p, ffn=None, kv_frac=1.0, mlp_mats=2.0, tied=Tru
     """Parameters one GPU holds: its stage's layers plus the embedding (and an untied LM
     head on a single stage), over TP."""
     emb = V * d * np.where(np.asarray(tied, dtype=bool) | (np.asarray(p) > 1), 1.0, 2.0)
-    return ((L / p) * (F.layer_matrix_params(d, ffn, kv_frac, mlp_mats) + 13.0 * d) + emb + s * d) / t
+    n_max = U.stage_layers(L, p)[0]  # the largest stage when p does not divide L (analytic.uneven)
+    return (n_max * (F.layer_matrix_params(d, ffn, kv_frac, mlp_mats) + 13.0 * d) + emb + s * d) / t
 
 
 def shape_terms(model) -> tuple[np.ndarray, np.ndarray, float, bool]:
@@ -216,7 +219,7 @@ def evaluate(
     sp = st.seq_parallel
     B = st.global_batch.astype(float)
     m = B / (dp * b)
-    lps = L / p
+    lps, lps_last = U.stage_layers(L, p)  # layers of the largest and the last stage (analytic.uneven)
     full = rc == F.FULL
 
     # ranks sharing a node's compute slots run everything that much slower (1 on GPUs)
@@ -261,7 +264,8 @@ def evaluate(
     pp_mb = 2.0 * v * c["pp_p2p_s"]
 
     stage_mb = lps * (layer_compute + tp_layer) + pp_mb
-    pipeline, bubble = pipeline_time_s(stage_mb, head_compute, p, m, v)
+    head_mb = U.head_excess_s(head_compute, layer_compute + tp_layer, lps, lps_last)  # = head when even
+    pipeline, bubble = pipeline_time_s(stage_mb, head_mb, p, m, v)
 
     # ---- data parallel / ZeRO over the stage's parameter shard -------------------------
     params_gpu = stage_params(d, L, s, V, t, p, ffn, kv_frac, mats, tied)
@@ -275,7 +279,8 @@ def evaluate(
     bwd_window = lps * layer_compute * (f_train - f_fwd) / f_train
     fwd_window = lps * layer_compute * f_fwd / f_train
     ovl = st.dp_overlap
-    z3_exp = m * (np.maximum(0.0, ag - fwd_window) + np.maximum(0.0, (n_ag_mb - 1.0) * ag + rs3 - bwd_window))
+    # ZeRO-3 gathers/reduce-scatters hide under compute only up to a fraction (analytic.zero_overlap)
+    z3_exp = m * (ZO.exposed_s(ag, fwd_window) + ZO.exposed_s((n_ag_mb - 1.0) * ag + rs3, bwd_window))
     ar_hidden = np.maximum(0.0, ar - bwd_window)  # ZeRO-0/1 all-reduce under the last backward
     rs2_exp = m * np.maximum(0.0, rs2 - bwd_window)  # ZeRO-2 reduces under each backward
     # exposed DP time with overlap, per stage (the all-gather after the step never hides)
@@ -303,8 +308,10 @@ def evaluate(
     if dm is not None:
         mem = DP.memory(dm, fam, sh, params_gpu, b, t, p, dp, z, m, v, rc, sp, hw.runtime_reserve_gb * 1e9)
     else:
-        acts = activations_bytes(b, s, d, a, L, V, t, p, m, v, rc, sp, st.flash_attention)
-        mem = memory_per_gpu(params_gpu, d, t, dp, z, acts, hw.runtime_reserve_gb * 1e9)
+        acts = activations_bytes(b, s, d, a, L, V, t, p, m, v, rc, sp, st.flash_attention, logits=False)
+        mem = memory_per_gpu(
+            params_gpu, d, t, dp, z, acts, hw.runtime_reserve_gb * 1e9, logits_bytes(b, s, V, t, p)
+        )
     if lean:
         return {
             "iter_s": iter_s,

@@ -4,39 +4,36 @@ The model's compute efficiency (the GEMM-efficiency curve, which end-to-end time
 separate from k1 and k2) is fitted by least squares on log(predicted / measured) over a
 *stated* subset of rows; errors are reported on the other rows only.  Three splits:
 
-* ``calibrate_on``: row numbers (1-based), labels or ``group`` tags,
+* ``calibrate_on``: row numbers (1-based), labels, ``group`` tags or ``every-third``
+  (rows 1, 4, 7, ... by position, fixed before any error is seen),
 * ``holdout``: a seeded random fraction held out,
 * leave-one-out: every row is predicted by a fit to all the others.
 
-``fit="none"`` evaluates the calibration as given (no row is used for fitting).
+``fit="none"`` evaluates the calibration as given (no row is used for fitting).  The
+fits themselves (and the warning for a parameter on its bound) are in :mod:`analytic.vfit`.
+Every result also says which rows the model predicts not to fit in memory and the term
+that overflows (all rows of a measured table trained, so each is a model error), the
+held-out errors without the fit, and, when one machine replaces the table's hardware
+column, the override per row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 from calib.analytic import formulas as F
+from calib.analytic import vfit as VF  # noqa: F401 - the fits, re-exported for callers
 from calib.analytic.machine import default_calibration
+from calib.analytic.memory import overflow_term
 from calib.analytic.specs import load_hardware
 from calib.analytic.strategy import Strategies, check_config, valid_mask
 from calib.analytic.timemodel import System, comm_times, evaluate
+from calib.analytic.vfit import FIT_PARAMS, FITS, fit
 from calib.analytic.vtable import model_columns
-from calib.calibrate.calibration import FIXED, FitQuality, Param, Saturating
-from scipy.optimize import least_squares
 
 from calib.core.errors import InputError
-
-FITS = ("compute", "gemm", "ymax", "none")
-#: End-to-end times cannot separate the transformer-kernel share k2 from the GEMM
-#: efficiency (both scale the same FLOP time), so a fit folds k2 into gemm_y_max.
-K2_FOLDED = Saturating(
-    y_max=Param(1.0, status=FIXED, note="folded into gemm_y_max by a validation fit"),
-    x_half=Param(0.0, unit="FLOP", status=FIXED, note="constant form"),
-    gamma=Param(1.0, status=FIXED, note="constant form"),
-)
 
 
 @dataclass(frozen=True)
@@ -47,6 +44,9 @@ class Validation:
     summary: dict
     params: dict
     split: str
+    #: the fitted machine per hardware (one fit: the calibrate-on / hold-out split; None
+    #: for leave-one-out, which fits once per row, and for ``fit="none"``)
+    systems: dict | None = None
 
 
 def strategies_of(df: pd.DataFrame) -> Strategies:
@@ -86,6 +86,15 @@ def check_rows(df: pd.DataFrame, where: str) -> None:
     raise InputError(where, f"row {i + 1} ({r['label']}): invalid strategy")
 
 
+def hardware_conflicts(df: pd.DataFrame, base: System) -> dict[str, int]:
+    """Table hardware values that are not ``base``'s hardware -> their row counts."""
+    out = {}
+    for h, n in df["hardware"].value_counts(sort=False).items():
+        if h and load_hardware(h).name != base.hw.name:
+            out[str(h)] = int(n)
+    return out
+
+
 def systems_for(df: pd.DataFrame, base: System | None, where: str) -> dict[str, System]:
     """One System per hardware named in the table (or ``base`` for every row)."""
     if base is not None:
@@ -98,17 +107,6 @@ def systems_for(df: pd.DataFrame, base: System | None, where: str) -> dict[str, 
         hw = load_hardware(h)
         out[h] = System(default_calibration(hw), hw)
     return out
-
-
-def with_gemm(
-    system: System, y_max: float, x_half: float, stderr: Sequence[float | None] = (None, None), note: str = ""
-) -> System:
-    curve = Saturating(
-        y_max=Param(y_max, stderr=stderr[0], unit="", note=note),
-        x_half=Param(x_half, stderr=stderr[1], unit="FLOP", note=note),
-        gamma=Param(1.0, status=FIXED, note="dispatch-limited form"),
-    )
-    return replace(system, cal=replace(system.cal, gemm_efficiency_curve=curve))
 
 
 @dataclass(frozen=True)
@@ -157,8 +155,14 @@ class Table:
         return Table.of(self.df.loc[mask])
 
     def iter_s(self, systems: dict[str, System]) -> tuple[np.ndarray, np.ndarray]:
+        it, oom, _ = self.evaluate(systems)
+        return it, oom
+
+    def evaluate(self, systems: dict[str, System]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(iteration s, predicted not to fit, the memory term that overflows or '') per row."""
         it = np.empty(len(self.df))
         oom = np.zeros(len(self.df), dtype=bool)
+        term = np.full(len(self.df), "", dtype=object)
         for h, idx, model, st in self.groups:
             system = systems[h]
             # fits change compute parameters only: reuse collective times per calibration
@@ -168,27 +172,35 @@ class Table:
             r = evaluate(model, system, st, self._comm[key])
             it[idx] = r["iter_s"]
             oom[idx] = r["oom"]
-        return it, oom
+            term[idx] = overflow_term(r, system.hw.hbm_bytes)
+        return it, oom, term
 
     def predicted(self, systems: dict[str, System]) -> np.ndarray:
         it, _ = self.iter_s(systems)
         return np.where(self.inverse, self.scale / it, it)
 
     def rows(self, systems: dict[str, System]) -> pd.DataFrame:
-        it, oom = self.iter_s(systems)
+        it, oom, term = self.evaluate(systems)
         pred = np.where(self.inverse, self.scale / it, it)
         return pd.DataFrame({
             "label": self.df["label"], "group": self.df["group"], "quantity": self.quantity,
             "measured": self.measured, "predicted": pred, "err_pct": (pred / self.measured - 1.0) * 100.0,
-            "pred_iter_s": it, "oom": oom,
+            "pred_iter_s": it, "oom": oom, "oom_term": term,
         })  # fmt: skip
 
 
+#: calibrate on rows 0, 3, 6, ... (by position in the table, chosen before looking at errors)
+EVERY_THIRD = "every-third"
+
+
 def select_rows(df: pd.DataFrame, spec: str, where: str = "calibrate_on") -> np.ndarray:
-    """Mask of rows named by 1-based numbers, ranges (3-5), labels or group tags, comma separated."""
+    """Mask of rows named by 1-based numbers, ranges (3-5), labels, group tags or
+    ``every-third`` (rows 1, 4, 7, ...), comma separated."""
     mask = np.zeros(len(df), dtype=bool)
     for tok in filter(None, (t.strip() for t in spec.split(","))):
-        if tok.replace("-", "").isdigit() and tok[0] != "-":
+        if tok == EVERY_THIRD:  # by position, fixed before any error is seen
+            mask[::3] = True
+        elif tok.replace("-", "").isdigit() and tok[0] != "-":
             lo, _, hi = tok.partition("-")
             lo_i, hi_i = int(lo), int(hi or lo)
             if not 1 <= lo_i <= hi_i <= len(df):
@@ -201,90 +213,11 @@ def select_rows(df: pd.DataFrame, spec: str, where: str = "calibrate_on") -> np.
     return mask
 
 
-#: fit name -> fitted quantities (log10 for x_half)
-FIT_PARAMS = {
-    "compute": ("gemm_y_max", "vector_passes"),
-    "gemm": ("gemm_y_max", "gemm_x_half_flop"),
-    "ymax": ("gemm_y_max",),
-}
-_START = {"gemm_y_max": 0.6, "gemm_x_half_flop": 9.3, "vector_passes": 5.0}
-_BOUNDS = {"gemm_y_max": (0.05, 1.0), "gemm_x_half_flop": (6.0, 14.0), "vector_passes": (0.0, 40.0)}
-_SCALE = {"gemm_y_max": 0.1, "gemm_x_half_flop": 1.0, "vector_passes": 1.0}
-
-
-def _apply(
-    systems: dict[str, System],
-    names: Sequence[str],
-    theta: np.ndarray,
-    se: np.ndarray | None = None,
-    note: str = "",
-) -> dict[str, System]:
-    vals = dict(zip(names, theta))
-    errs = dict(zip(names, se)) if se is not None else {}
-    out = {}
-    for h, s in systems.items():
-        curve = s.cal.gemm_efficiency_curve
-        y = vals.get("gemm_y_max", curve.y_max.value if curve else 0.75)
-        xh = (
-            10.0 ** vals["gemm_x_half_flop"]
-            if "gemm_x_half_flop" in vals
-            else (curve.x_half.value if curve else 2e9)
-        )
-        xh_se = xh * np.log(10.0) * errs["gemm_x_half_flop"] if "gemm_x_half_flop" in errs else None
-        if "gemm_y_max" in vals:
-            s = with_gemm(s, float(y), float(xh), (errs.get("gemm_y_max"), xh_se), note)
-            s = replace(s, cal=replace(s.cal, k2_curve=K2_FOLDED))
-        if "vector_passes" in vals:
-            s = replace(s, vector_passes=float(vals["vector_passes"]))
-        out[h] = s
-    return out
-
-
-def fit(
-    table: Table, systems: dict[str, System], rows: np.ndarray, kind: str = "compute"
-) -> tuple[dict[str, System], dict]:
-    """Least-squares fit of the compute-efficiency parameters of ``kind`` on ``rows``.
-
-    Residuals are log(predicted / measured) of the measured quantity; standard errors come
-    from the Jacobian (covariance = (J^T J)^-1 * residual variance).
-    """
-    if kind == "none":
-        return systems, {}
-    if not rows.any():
-        raise InputError("calibrate_on", "no calibration rows selected")
-    sub = table.subset(rows)
-    n_rows = int(rows.sum())
-    names = FIT_PARAMS[kind]
-    if n_rows < len(names):
-        names = names[:1]
-
-    def resid(theta: np.ndarray) -> np.ndarray:
-        return np.log(sub.predicted(_apply(systems, names, theta)) / sub.measured)
-
-    x0 = np.array([_START[n] for n in names])
-    lo, hi = (np.array([_BOUNDS[n][i] for n in names]) for i in (0, 1))
-    res = least_squares(resid, x0, bounds=(lo, hi), x_scale=np.array([_SCALE[n] for n in names]))
-    dof = max(n_rows - len(names), 1)
-    s2 = float(res.fun @ res.fun) / dof
-    try:
-        se = np.sqrt(np.clip(np.diag(np.linalg.inv(res.jac.T @ res.jac) * s2), 0.0, None))
-    except np.linalg.LinAlgError:
-        se = np.full(len(names), np.nan)
-    note = f"fitted to {n_rows} measured row(s) of a validation table"
-    fitted = _apply(systems, names, res.x, se, note)
-    rel = np.expm1(res.fun)
-    params = {"fit": kind, "n_calibration_rows": n_rows}
-    for n, v, e in zip(names, res.x, se):
-        if n == "gemm_x_half_flop":
-            params[n], params[n + "_stderr"] = float(10.0**v), float(10.0**v * np.log(10.0) * e)
-        else:
-            params[n], params[n + "_stderr"] = float(v), float(e)
-    quality = FitQuality(
-        n_points=n_rows, rmse=float(np.sqrt(np.mean(res.fun**2))), max_abs_rel_err=float(np.max(np.abs(rel)))
-    )
-    params["calibration_rmse_log"] = quality.rmse
-    params["calibration_max_abs_pct"] = 100.0 * quality.max_abs_rel_err
-    return fitted, params
+def oom_summary(rows: pd.DataFrame) -> dict:
+    """How many measured (i.e. trained) configurations the model says do not fit, by term."""
+    terms = rows.loc[rows["oom"], "oom_term"].value_counts()
+    return {"n_rows": int(len(rows)), "n_predicted_oom": int(rows["oom"].sum()),
+            "predicted_oom_terms": {str(k): int(v) for k, v in terms.items()}}  # fmt: skip
 
 
 def summarise(errors_pct: np.ndarray) -> dict:
@@ -309,7 +242,13 @@ def validate(
     fit_kind: str = "compute",
     seed: int = 0,
 ) -> Validation:
-    """Run the model over a normalised table with the chosen split (see module docstring)."""
+    """Run the model over a normalised table with the chosen split (see module docstring).
+
+    With ``base`` every row runs on that machine; rows whose own hardware differs say so in
+    ``hardware_override`` (refusing the disagreement, unless overridden, is the caller's).
+    Every result names the memory term of rows predicted not to fit (``oom_term``) and the
+    summary counts them; fitted parameters that end on a bound are listed in ``at_bound``.
+    """
     if fit_kind not in FITS:
         raise InputError("fit", f"unknown fit '{fit_kind}' (known: {', '.join(FITS)})")
     if sum(x is not None and x is not False for x in (calibrate_on, holdout, loo or None)) > 1:
@@ -319,9 +258,9 @@ def validate(
     table = Table.of(df)
     n = len(df)
     if fit_kind == "none":
-        rows = table.rows(systems).assign(role="held-out")
+        rows = _annotate(table.rows(systems).assign(role="held-out"), df, base)
         return Validation(
-            rows, summarise(rows["err_pct"]), {"fit": "none"}, "no fit: the calibration as given"
+            rows, _summary(rows), {"fit": "none", "at_bound": []}, "no fit: the calibration as given"
         )
     if loo or (calibrate_on is None and holdout is None):
         if n < 2:
@@ -332,13 +271,17 @@ def validate(
             fitted, prm = fit(table, systems, keep, fit_kind)
             parts.append(table.subset(~keep).rows(fitted))
             params.append(prm)
-        rows = pd.concat(parts, ignore_index=True).assign(role="held-out")
+        rows = _annotate(pd.concat(parts, ignore_index=True).assign(role="held-out"), df, base)
         prm = {"fit": fit_kind, "folds": n}
         for name in FIT_PARAMS[fit_kind]:
             vals = np.array([p[name] for p in params if name in p])
             if vals.size:
                 prm[name + "_range"] = [float(vals.min()), float(vals.max())]
-        return Validation(rows, summarise(rows["err_pct"]), prm, f"leave-one-out over {n} rows")
+        bounds = pd.Series([b for p in params for b in p["at_bound"]], dtype=object).value_counts()
+        prm["at_bound"] = [f"{b} in {k} of {n} folds" for b, k in bounds.items()]
+        return Validation(
+            rows, _summary(rows, None, table.rows(systems)), prm, f"leave-one-out over {n} rows"
+        )
     if calibrate_on is not None:
         cal_rows = select_rows(df, calibrate_on)
         split = f"calibrated on {int(cal_rows.sum())} stated row(s): {calibrate_on}"
@@ -354,5 +297,33 @@ def validate(
     if cal_rows.all():
         raise InputError("calibrate_on", "every row is a calibration row; nothing is held out")
     fitted, prm = fit(table, systems, cal_rows, fit_kind)
-    rows = table.rows(fitted).assign(role=np.where(cal_rows, "calibration", "held-out"))
-    return Validation(rows, summarise(rows.loc[~cal_rows, "err_pct"]), prm, split)
+    rows = _annotate(table.rows(fitted).assign(role=np.where(cal_rows, "calibration", "held-out")), df, base)
+    return Validation(rows, _summary(rows, ~cal_rows, table.rows(systems)), prm, split, fitted)
+
+
+def _annotate(rows: pd.DataFrame, df: pd.DataFrame, base: System | None) -> pd.DataFrame:
+    """The hardware each row ran on, and where ``base`` replaced the table's own."""
+    own = df["hardware"].astype(str).reset_index(drop=True)  # every split keeps the table's row order
+    if base is None:
+        return rows.assign(hardware=own)
+    differs = own.map(lambda h: bool(h) and load_hardware(h).name != base.hw.name)
+    return rows.assign(
+        hardware=base.hw.name,
+        hardware_override=np.where(differs, "table: " + own + " -> " + base.hw.name, ""),
+    )
+
+
+def _summary(
+    rows: pd.DataFrame, held: np.ndarray | None = None, unfitted: pd.DataFrame | None = None
+) -> dict:
+    """Errors over the held-out rows; predicted-OOM counts over every (trained) row; and the
+    same held-out errors without the fit (a fit that does worse than none says so)."""
+    err = rows["err_pct"] if held is None else rows.loc[held, "err_pct"]
+    out = {**summarise(err), **oom_summary(rows)}
+    if unfitted is not None:
+        base = summarise(unfitted["err_pct"] if held is None else unfitted.loc[held, "err_pct"])
+        out["unfitted_median_abs_pct"], out["unfitted_max_abs_pct"] = (
+            base["median_abs_pct"],
+            base["max_abs_pct"],
+        )
+    return out

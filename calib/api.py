@@ -335,14 +335,25 @@ def validate(
     loo: bool = False,
     fit: str = "compute",
     seed: int = 0,
+    override_hardware: bool = False,
 ) -> Validation:
     """Predict every row of a measured table (canonical or published) and report errors on
-    the held-out rows; without ``model`` each row's ``hardware`` column names the machine."""
+    the held-out rows; without ``model`` each row's ``hardware`` column names the machine.
+    A ``model`` whose hardware disagrees with that column is refused unless
+    ``override_hardware`` (then each row's ``hardware_override`` records it)."""
+    from calib.analytic.validate import hardware_conflicts
     from calib.analytic.validate import validate as run_validate
     from calib.analytic.vtable import read_table
 
     df, _ = read_table(str(table), fmt)
     base = model.machine()[0] if model is not None else None
+    if base is not None and not override_hardware and hardware_conflicts(df, base):
+        named = ", ".join(f"'{h}' ({n} rows)" for h, n in hardware_conflicts(df, base).items())
+        raise InputError(
+            "model",
+            f"the table's hardware column says {named} but the model's machine is '{base.hw.name}'; "
+            "pass override_hardware=True to model every row on it",
+        )
     return run_validate(df, str(table), base, calibrate_on, holdout, loo, fit, seed)
 
 

@@ -58,7 +58,7 @@ def predictions(
     vals = tuple(run_validation(spec, v) for v in spec.validate)
     return Predictions(
         machine=machine_label(system) if system else "-",
-        hbm_gb=system.hw.hbm_gb if system else None,
+        hbm_gb=system.hw.hbm_bytes / 1e9 if system else None,  # binary GiB as GB of the memory terms
         scaling=scaling,
         scaling_spec=spec.scaling,
         maps=maps_out,

@@ -64,14 +64,27 @@ def network_topology(system: str) -> tuple[dict[str, float] | None, str]:
     return hw.network_topology(), note
 
 
+def _name_like(text: str) -> bool:
+    try:
+        check_name("calibration", text)
+    except InputError:
+        return False
+    return True
+
+
 def load_calibration(
     system: str | None = None, calibration: str | Path | None = None, store: str | Path | None = None
 ) -> tuple[Calibration, Path]:
-    """A system's fitted calibration from the store, or a calibration file."""
+    """A system's fitted calibration from the store, or a calibration file, or a calibration
+    stored by name (``calib validate --save-calibration NAME``: ``<store>/NAME/NAME.calib.json``)."""
     if system and calibration:
         raise InputError("calibration", "give either a system name or a calibration file, not both")
     if calibration is not None:
         path = Path(calibration)
+        if not path.exists() and _name_like(str(calibration)):  # a calibration stored by name
+            stored = calibration_path(store_path(store), str(calibration))
+            if stored.is_file():
+                path = stored
     elif system:
         check_name("system", system)
         path = calibration_path(store_path(store), system)

@@ -118,7 +118,12 @@ def test_predict_out_file_is_atomic(tmp_path):
             "--global-batch",
             "not divisible by DP x micro-batch",
         ),
-        (["--pp", "3", "--gpus", "24"], "--pp", "PP=3 does not divide the 40 layers"),
+        (["--pp", "48", "--gpus", "48"], "--pp", "PP=48 exceeds the 40 layers"),
+        (
+            ["--pp", "3", "--interleave", "2", "--gpus", "24"],
+            "--pp",
+            "PP=3 with interleaving must divide the 40",
+        ),
         (
             ["--zero", "3", "--pp", "2", "--gpus", "16"],
             "--zero",

@@ -16,7 +16,8 @@ from calib.core.errors import InputError
 MACHINE_HELP = """\b
 Machine (one of):
   --system NAME        the fitted calibration of NAME in the store (calib fit)
-  --calibration FILE   a calibration JSON file
+  --calibration FILE   a calibration JSON file (or NAME: one stored by
+                       calib validate --save-calibration NAME)
   --hardware SPEC      a hardware preset or YAML/JSON spec alone: every efficiency
                        is a stated default (the output says so)
   --system/--calibration with --hardware: transfer the fit to new hardware
@@ -89,7 +90,11 @@ def machine_options(f):
     for opt in reversed(
         [
             click.option("--system", help="System name whose fitted calibration to use (see `calib fit`)."),
-            click.option("--calibration", metavar="FILE", help="Calibration JSON file."),
+            click.option(
+                "--calibration",
+                metavar="FILE|NAME",
+                help="Calibration JSON file, or a calibration stored by name (calib validate --save-calibration).",
+            ),
             click.option(
                 "--hardware",
                 help="Hardware preset (polaris, perlmutter, tg40, tg80, dgx-a100-80gb/selene, dgx-h100, h200, "

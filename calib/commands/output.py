@@ -73,7 +73,9 @@ def predict_text(table: pd.DataFrame, header: list[str], notes: list[str]) -> st
         )
         time.insert(1, "90% interval", band.to_numpy())
     mem = table[list(MEMORY_COLUMNS)].rename(columns=MEMORY_COLUMNS).round(1)
-    mem["OOM"] = np.where(table["oom"], "OOM", "ok")
+    mem["OOM"] = np.where(
+        table["oom"], "OOM: " + table.get("oom_term", pd.Series("", index=table.index)), "ok"
+    )
     rate = table[list(RATE_COLUMNS)].rename(columns=RATE_COLUMNS).copy()
     rate["MFU"] = (rate["MFU"] * 100).round(1).astype(str) + "%"
     rate["tokens/s"] = rate["tokens/s"].map(lambda v: f"{v:,.0f}")
@@ -198,7 +200,7 @@ def search_text(summary: dict, table: pd.DataFrame, per_gpus: pd.DataFrame | Non
 def validate_text(info: dict, rows: pd.DataFrame) -> str:
     s = info["summary"]
     out = [f"table {info['table']} ({info['format']}, {info['rows']} rows); {info['split']}"]
-    fit = {k: v for k, v in info["fit"].items() if k != "fit"}
+    fit = {k: v for k, v in info["fit"].items() if k not in ("fit", "at_bound")}
     if fit:
         parts = []
         for k, v in fit.items():
@@ -219,11 +221,32 @@ def validate_text(info: dict, rows: pd.DataFrame) -> str:
             f"held-out rows {s['n_heldout']}: median |err| {s['median_abs_pct']:.2f} %, mean {s['mean_abs_pct']:.2f} %, "
             f"max {s['max_abs_pct']:.2f} %"
         )
-    view = rows[["label", "group", "role", "quantity", "measured", "predicted", "err_pct"]].copy()
+    if s.get("unfitted_median_abs_pct") is not None:
+        worse = s["unfitted_median_abs_pct"] < s["median_abs_pct"]
+        out.append(
+            f"{'warning: ' if worse else ''}the same rows without the fit: median |err| "
+            f"{s['unfitted_median_abs_pct']:.2f} %, max {s['unfitted_max_abs_pct']:.2f} %"
+            + (" (the fit does worse than none)" if worse else "")
+        )
+    out += [
+        f"warning: fitted {b} (the fit wanted a value outside it)" for b in info["fit"].get("at_bound", [])
+    ]
+    if "n_predicted_oom" in s:
+        terms = ", ".join(f"{k} {v}" for k, v in s["predicted_oom_terms"].items())
+        out.append(
+            f"memory: {s['n_predicted_oom']} of {s['n_rows']} measured (trained) configurations predicted not to fit"
+            + (f" (overflowing term: {terms})" if terms else "")
+        )
+    if info.get("saved_calibration"):
+        out.append(f"fitted efficiencies saved as calibration {info['saved_calibration']}")
+    cols = ["label", "group", "role", "quantity", "measured", "predicted", "err_pct"]
+    if "hardware_override" in rows and (rows["hardware_override"] != "").any():
+        cols.append("hardware_override")
+    view = rows[cols].copy()
     view["measured"] = view["measured"].map(lambda v: f"{v:.4g}")
     view["predicted"] = view["predicted"].map(lambda v: f"{v:.4g}")
     view["err_pct"] = view["err_pct"].map(lambda v: f"{v:+.2f}")
     if rows["oom"].any():
-        view["note"] = np.where(rows["oom"], "model says OOM", "")
+        view["note"] = np.where(rows["oom"], "model says OOM: " + rows["oom_term"].astype(str), "")
     out += ["", _indent(view.rename(columns={"err_pct": "err %"}).to_string(index=False))]
     return "\n".join(out) + "\n"

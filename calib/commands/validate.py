@@ -33,11 +33,14 @@ The compute-efficiency parameters the tables can identify (GEMM efficiency y_max
 the element-wise traffic factor; --fit) are fitted by least squares on a stated subset
 and errors are reported on the other rows only:
   --calibrate-on ROWS   1-based rows, ranges (3-5), labels or group tags, e.g. 1,4,7,10 or full
+  --calibrate-on every-third   rows 1, 4, 7, ... by position (chosen before any error is seen)
   --holdout FRACTION    a seeded random fraction held out
   --loo                 leave-one-out: each row predicted by a fit to all the others (default)
   --fit none            the calibration as given, every row held out
 Errors are predicted/measured - 1 of the measured quantity (s, TFLOP/s or tokens/s), in %;
-the summary gives the median, mean and max absolute error over held-out rows.
+the summary gives the median, mean and max absolute error over held-out rows, how many
+measured (trained) configurations the model says do not fit in memory and which term
+overflows, and a warning for every fitted parameter that ends on its bound.
 
 \b
 Example:
@@ -67,6 +70,21 @@ Example:
 @click.option("--fit", "fit_kind", type=Choice(("compute", "gemm", "ymax", "none")), default="compute", show_default=True,
               help="compute: GEMM y_max + element-wise traffic; gemm: y_max + x_half; ymax: y_max only; none: no fit.")  # fmt: skip
 @machine_options
+@click.option(
+    "--override-hardware",
+    is_flag=True,
+    help="Model every row on --hardware/--system/--calibration even where the table's hardware column "
+    "names another (recorded per row); without it a disagreement is refused.",
+)
+@click.option(
+    "--save-calibration",
+    metavar="NAME",
+    help="Store the fitted efficiencies as calibration NAME (<store>/NAME/NAME.calib.json) for "
+    "`calib predict/search --calibration NAME` (needs --calibrate-on or --holdout: one fit).",
+)
+@click.option(
+    "--replace", is_flag=True, help="With --save-calibration: replace an existing calibration NAME."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the per-row results as CSV.")
 @click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
@@ -84,6 +102,9 @@ def validate(
     calibration,
     hardware,
     store,
+    override_hardware,
+    save_calibration,
+    replace,
     as_json,
     as_csv,
     out,
@@ -103,6 +124,10 @@ def validate(
         if (system or calibration or hardware)
         else None
     )
+    if base is not None and not override_hardware:
+        _refuse_disagreement(df, base, hardware, system, calibration)
+    if save_calibration:
+        _check_save(save_calibration, store, replace, fit_kind, calibrate_on, holdout)
     res = run_validate(df, str(table), base, calibrate_on, holdout, loo, fit_kind, seed)
     info = {
         "table": str(table),
@@ -112,6 +137,8 @@ def validate(
         "fit": res.params,
         "summary": res.summary,
     }
+    if save_calibration:
+        info["saved_calibration"] = str(_save(res, save_calibration, store, replace, str(table)))
     if as_json:
         text = output.dumps({**info, "per_row": output.records(res.rows)})
     elif as_csv:
@@ -121,6 +148,69 @@ def validate(
     text = output.emit(text, out)
     if text is not None:
         click.echo(text, nl=False)
+
+
+def _refuse_disagreement(df, base, hardware, system, calibration) -> None:
+    """One line naming both when the table's hardware column and the machine given disagree."""
+    from calib.analytic.validate import hardware_conflicts
+
+    conflicts = hardware_conflicts(df, base)
+    if conflicts:
+        opt = "--hardware" if hardware else "--system" if system else "--calibration"
+        table_hw = ", ".join(f"'{h}' ({n} rows)" for h, n in conflicts.items())
+        raise InputError(
+            opt,
+            f"the table's hardware column says {table_hw} but {opt} gives '{base.hw.name}'; "
+            "give --override-hardware to model every row on it (recorded per row)",
+        )
+
+
+def _check_save(name, store, replace, fit_kind, calibrate_on, holdout) -> None:
+    """Refuse before fitting: a bad or taken name, or a split that is not one fit."""
+    from calib.core.store import calibration_path, check_name
+    from calib.resolve import store_path
+
+    check_name("save-calibration", name)
+    if fit_kind == "none" or (calibrate_on is None and holdout is None):
+        raise InputError(
+            "--save-calibration",
+            "needs one fit: give --calibrate-on ROWS or --holdout FRACTION (leave-one-out fits once per row; "
+            "--fit none fits nothing)",
+        )
+    target = calibration_path(store_path(store), name)
+    if target.exists() and not replace:
+        raise InputError(
+            "--save-calibration",
+            f"a calibration '{name}' already exists at {target}; give --replace to replace it",
+        )
+
+
+def _save(res, name, store, replace, table):
+    """Write the fit as calibration NAME into the store, under the store's writer lock."""
+    from calib.analytic.vfit import fitted_calibration
+    from calib.commands.options import on_wait
+    from calib.core.store import calibration_path, locked
+    from calib.resolve import store_path
+
+    machines = res.systems or {}
+    hws = sorted({s.hw.name for s in machines.values()})
+    if len(hws) != 1:
+        raise InputError(
+            "--save-calibration",
+            f"the table spans hardware {', '.join(hws)}: one calibration describes one machine; give --hardware "
+            "(with --override-hardware) or a table of one hardware",
+        )
+    cal = fitted_calibration(next(iter(machines.values())), name, res.params, f"{table}, {res.split}")
+    root = store_path(store)
+    target = calibration_path(root, name)
+    with locked(root, on_wait=on_wait):
+        if target.exists() and not replace:
+            raise InputError("--save-calibration", f"a calibration '{name}' already exists at {target}")
+        try:
+            cal.save(target)
+        except OSError as exc:
+            raise InputError(str(target), f"cannot write the calibration: {exc.strerror or exc}") from None
+    return target
 
 
 def _validate_runs(system, measured, table, store, as_json, as_csv, out) -> None:

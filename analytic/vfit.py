@@ -1,0 +1,168 @@
+"""Least-squares fits of the compute efficiencies a measured table can identify.
+
+Used by :mod:`analytic.validate`: the GEMM-efficiency plateau y_max (with k2 folded in),
+optionally its half-saturation work x_half, and the element-wise HBM traffic factor, each
+bounded to its physical range.  A parameter that ends on a bound is named in the fit's
+``at_bound`` lines: the fit wanted a value outside that range, so the parameter absorbs
+model error rather than measuring an efficiency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
+
+import numpy as np
+from calib.analytic.machine import VECTOR_PASSES_KEY
+from calib.analytic.timemodel import System
+from calib.calibrate.calibration import FIXED, Calibration, FitQuality, Param, Saturating
+from scipy.optimize import least_squares
+
+from calib.core.errors import InputError
+
+FITS = ("compute", "gemm", "ymax", "none")
+
+#: End-to-end times cannot separate the transformer-kernel share k2 from the GEMM
+#: efficiency (both scale the same FLOP time), so a fit folds k2 into gemm_y_max.
+K2_FOLDED = Saturating(
+    y_max=Param(1.0, status=FIXED, note="folded into gemm_y_max by a validation fit"),
+    x_half=Param(0.0, unit="FLOP", status=FIXED, note="constant form"),
+    gamma=Param(1.0, status=FIXED, note="constant form"),
+)
+
+
+def with_gemm(
+    system: System, y_max: float, x_half: float, stderr: Sequence[float | None] = (None, None), note: str = ""
+) -> System:
+    curve = Saturating(
+        y_max=Param(y_max, stderr=stderr[0], unit="", note=note),
+        x_half=Param(x_half, stderr=stderr[1], unit="FLOP", note=note),
+        gamma=Param(1.0, status=FIXED, note="dispatch-limited form"),
+    )
+    return replace(system, cal=replace(system.cal, gemm_efficiency_curve=curve))
+
+
+#: fit name -> fitted quantities (log10 for x_half)
+FIT_PARAMS = {
+    "compute": ("gemm_y_max", "vector_passes"),
+    "gemm": ("gemm_y_max", "gemm_x_half_flop"),
+    "ymax": ("gemm_y_max",),
+}
+_START = {"gemm_y_max": 0.6, "gemm_x_half_flop": 9.3, "vector_passes": 5.0}
+_BOUNDS = {"gemm_y_max": (0.05, 1.0), "gemm_x_half_flop": (6.0, 14.0), "vector_passes": (0.0, 40.0)}
+_SCALE = {"gemm_y_max": 0.1, "gemm_x_half_flop": 1.0, "vector_passes": 1.0}
+
+
+def _apply(
+    systems: dict[str, System],
+    names: Sequence[str],
+    theta: np.ndarray,
+    se: np.ndarray | None = None,
+    note: str = "",
+) -> dict[str, System]:
+    vals = dict(zip(names, theta))
+    errs = dict(zip(names, se)) if se is not None else {}
+    out = {}
+    for h, s in systems.items():
+        curve = s.cal.gemm_efficiency_curve
+        y = vals.get("gemm_y_max", curve.y_max.value if curve else 0.75)
+        xh = (
+            10.0 ** vals["gemm_x_half_flop"]
+            if "gemm_x_half_flop" in vals
+            else (curve.x_half.value if curve else 2e9)
+        )
+        xh_se = xh * np.log(10.0) * errs["gemm_x_half_flop"] if "gemm_x_half_flop" in errs else None
+        if "gemm_y_max" in vals:
+            s = with_gemm(s, float(y), float(xh), (errs.get("gemm_y_max"), xh_se), note)
+            s = replace(s, cal=replace(s.cal, k2_curve=K2_FOLDED))
+        if "vector_passes" in vals:
+            s = replace(s, vector_passes=float(vals["vector_passes"]))
+        out[h] = s
+    return out
+
+
+def fit(
+    table, systems: dict[str, System], rows: np.ndarray, kind: str = "compute"
+) -> tuple[dict[str, System], dict]:
+    """Least-squares fit of the compute-efficiency parameters of ``kind`` on ``rows``.
+
+    Residuals are log(predicted / measured) of the measured quantity; standard errors come
+    from the Jacobian (covariance = (J^T J)^-1 * residual variance).
+    """
+    if kind == "none":
+        return systems, {}
+    if not rows.any():
+        raise InputError("calibrate_on", "no calibration rows selected")
+    sub = table.subset(rows)
+    n_rows = int(rows.sum())
+    names = FIT_PARAMS[kind]
+    if n_rows < len(names):
+        names = names[:1]
+
+    def resid(theta: np.ndarray) -> np.ndarray:
+        return np.log(sub.predicted(_apply(systems, names, theta)) / sub.measured)
+
+    x0 = np.array([_START[n] for n in names])
+    lo, hi = (np.array([_BOUNDS[n][i] for n in names]) for i in (0, 1))
+    res = least_squares(resid, x0, bounds=(lo, hi), x_scale=np.array([_SCALE[n] for n in names]))
+    dof = max(n_rows - len(names), 1)
+    s2 = float(res.fun @ res.fun) / dof
+    try:
+        se = np.sqrt(np.clip(np.diag(np.linalg.inv(res.jac.T @ res.jac) * s2), 0.0, None))
+    except np.linalg.LinAlgError:
+        se = np.full(len(names), np.nan)
+    note = f"fitted to {n_rows} measured row(s) of a validation table"
+    fitted = _apply(systems, names, res.x, se, note)
+    rel = np.expm1(res.fun)
+    params = {"fit": kind, "n_calibration_rows": n_rows, "at_bound": at_bounds(names, res.x, lo, hi)}
+    for n, v, e in zip(names, res.x, se):
+        if n == "gemm_x_half_flop":
+            params[n], params[n + "_stderr"] = float(10.0**v), float(10.0**v * np.log(10.0) * e)
+        else:
+            params[n], params[n + "_stderr"] = float(v), float(e)
+    quality = FitQuality(
+        n_points=n_rows, rmse=float(np.sqrt(np.mean(res.fun**2))), max_abs_rel_err=float(np.max(np.abs(rel)))
+    )
+    params["calibration_rmse_log"] = quality.rmse
+    params["calibration_max_abs_pct"] = 100.0 * quality.max_abs_rel_err
+    return fitted, params
+
+
+def at_bounds(names: Sequence[str], x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[str]:
+    """One line per fitted parameter that ended on (within 0.1 % of the range of) a bound:
+    the fit wanted a value outside the physical range, so the parameter absorbs model error."""
+    out = []
+    for n, v, a, b in zip(names, x, lo, hi):
+        tol = 1e-3 * (b - a)
+        side, bound = ("lower", a) if v - a <= tol else ("upper", b) if b - v <= tol else (None, None)
+        if side is None:
+            continue
+        shown = (lambda u: f"{10.0**u:.3g}") if n == "gemm_x_half_flop" else (lambda u: f"{u:.4g}")
+        out.append(f"{n} = {shown(v)} is at its {side} bound {shown(bound)}")
+    return out
+
+
+def fitted_calibration(system: System, name: str, params: dict, source: str) -> Calibration:
+    """The calibration a validation fit amounts to, named ``name``: the machine's own with
+    the fitted GEMM-efficiency curve (k2 folded in) and, when fitted, the element-wise
+    traffic factor with its standard error (in ``provenance``)."""
+    cal = system.cal
+    prov = {
+        "source": f"validation fit on a measured table ({source})",
+        "fit": {k: v for k, v in params.items() if not isinstance(v, list) or k == "at_bound"},
+        "validation_hardware": system.hw.name,
+    }
+    if "vector_passes" in params:
+        prov[VECTOR_PASSES_KEY] = asdict(
+            Param(params["vector_passes"], params.get("vector_passes_stderr"), "HBM passes",
+                  note=f"fitted to {params['n_calibration_rows']} measured row(s) of a validation table")
+        )  # fmt: skip
+    note = f"compute efficiencies fitted by a validation of {source}; collectives as in the base machine"
+    return replace(
+        cal,
+        system=name,
+        provenance=prov,
+        notes=(*cal.notes, note),
+        created=datetime.now(UTC).replace(microsecond=0).isoformat(),
+    )

@@ -1,0 +1,52 @@
+"""How much of ZeRO-3's parameter all-gather / gradient reduce-scatter hides under compute.
+
+ZeRO-3 (FSDP FULL_SHARD) gathers each layer's parameters just before it runs and
+reduce-scatters its gradients just after; with prefetch the gather of the next layer is
+issued while the current one computes (PyTorch FSDP ``forward_prefetch`` /
+``backward_prefetch``, DeepSpeed's prefetch bucket).  Prefetching one layer ahead can
+hide at most the compute of one layer per gathered layer, and never all of it:
+
+* the first layer's gather (forward) and the last layer's reduce-scatter (backward) have
+  nothing to hide under;
+* NCCL kernels share the SMs and HBM with the compute they overlap (they slow each
+  other), and the rate limiter that bounds in-flight gathers stalls compute when the
+  collective is late.
+
+So the exposed time of a window of ``comm`` seconds of collectives under ``compute``
+seconds of work is modelled with an overlap fraction f:
+
+    exposed = max(comm - f * compute, (1 - f) * comm)
+
+f = 1 is perfect hiding (the previous model: max(0, comm - compute)); f = 0 is no
+overlap.  The first term holds when the collectives outlast what compute can cover, the
+second when they are short: a (1 - f) share of them is always exposed.
+
+``ZERO3_OVERLAP_FRACTION`` = 0.75 is a **stated default**, not a fit: with prefetch one
+layer ahead, every layer but the first hides its gather under the previous layer's
+compute, and the SM/HBM contention of concurrent NCCL kernels costs a share of the
+rest; 0.75 (a quarter exposed) is the assumption stated here, to be replaced by a value
+fitted from traces when they exist.  Hand-worked values: tests/test_validation_defects.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+#: default fraction of ZeRO-3 collective time that compute can hide (see module docstring)
+ZERO3_OVERLAP_FRACTION = 0.75
+
+
+def exposed_s(
+    comm_s: ArrayLike, compute_s: ArrayLike, fraction: ArrayLike = ZERO3_OVERLAP_FRACTION
+) -> np.ndarray:
+    """Exposed seconds of ``comm_s`` of collectives overlapped with ``compute_s`` of work.
+
+    ``max(comm - f * compute, (1 - f) * comm)``; f in [0, 1].
+    """
+    c = np.asarray(comm_s, dtype=float)
+    w = np.asarray(compute_s, dtype=float)
+    f = np.asarray(fraction, dtype=float)
+    if np.any((f < 0.0) | (f > 1.0)):
+        raise ValueError(f"overlap fraction must be in [0, 1], got {f}")  # a constant, not user input
+    return np.maximum(c - f * w, (1.0 - f) * c)
