@@ -317,8 +317,7 @@ def one_case(kind: str, world: World, data) -> None:
         blob, suffix = gzip.compress(blob, 1), suffix + ".gz"
     path = world.work / f"case-{COUNT['cases']}{suffix}"
     path.write_bytes(blob)
-    variant = data.draw(st.integers(0, 15))
-    code, stderr = run(command(kind, path, world.store, variant))
+    code, stderr = run(command(kind, path, world.store, COUNT["cases"] % 16))
     check(world, path, code, stderr)
     path.unlink()
 
@@ -380,7 +379,7 @@ def test_through_the_real_command_line(world) -> None:
         shutil.copytree(world.store, case_dir / "store")
         path = case_dir / f"input{suffix}"
         path.write_bytes(blob)
-        args = command(kind, path, case_dir / "store", data.draw(st.integers(0, 15)))
+        args = command(kind, path, case_dir / "store", len(cases) % 16)
         cases.append((path, [str(calib), *args], case_dir / "store"))
 
     draw()
