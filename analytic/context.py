@@ -18,6 +18,11 @@ attention core needs every key and value:
   turns the attention output back; the aggregate volume per GPU is 4 N h / P for
   multi-head attention (N = b s tokens, h = d, P = c), (2 + 2 kv/a) N h / P with
   grouped-query attention; backward the same.  Needs a / t divisible by c.
+* **allgather** (Llama 3, Dubey et al. 2024 arXiv:2407.21783 sec. 3.3.2: "all-gather
+  based" CP): the K and V of the whole sequence are all-gathered (2 b s d_kv values per
+  GPU after the gather) before the local queries' attention; backward reduce-scatters dK
+  and dV.  With grouped-query attention K and V are small, which is why Llama 3 chose it;
+  not overlapped.
 
 Attention FLOPs of one layer, forward, whole sequence: 4 b s^2 d (QK^T and AV, the
 convention of Narayanan et al. 2021 eq. 3; a causal kernel computes about half,
@@ -29,8 +34,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-RING, ULYSSES = 0, 1
-CP_KINDS = ("ring", "ulysses")
+RING, ULYSSES, ALLGATHER_KV = 0, 1, 2
+CP_KINDS = ("ring", "ulysses", "allgather")
 
 
 def cp_kind_code(name: str) -> int:
@@ -80,6 +85,13 @@ def ulysses_buffer_bytes(b, s, d, kv_frac, cp, t, bytes_per_value=2.0) -> tuple[
     b, s, d, kv_frac, cp, t = (np.asarray(x, dtype=float) for x in (b, s, d, kv_frac, cp, t))
     tok = b * (s / cp) * d / t * bytes_per_value
     return (1.0 + 2.0 * kv_frac) * tok, tok
+
+
+def allgather_kv_bytes(b, s, d, kv_frac, t, bytes_per_value=2.0) -> np.ndarray:
+    """All-gather buffer (nccl-tests size: the gathered output) of K and V per layer and GPU:
+    2 b s d kv/a / t values; each GPU contributes 1/c of it."""
+    b, s, d, kv_frac, t = (np.asarray(x, dtype=float) for x in (b, s, d, kv_frac, t))
+    return 2.0 * b * s * d * kv_frac / t * bytes_per_value
 
 
 def ulysses_volume_elements(N, h, P, kv_frac=1.0) -> np.ndarray:

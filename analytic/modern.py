@@ -20,7 +20,7 @@ from calib.analytic import precision as PR
 from calib.analytic.bubble import DUALPIPE, ZB_H1, in_flight_scale, param_copies
 from calib.analytic.comm import group_time_s, members_per_node
 
-from calib.core.collective_names import ALLTOALL, SENDRECV
+from calib.core.collective_names import ALLGATHER, ALLTOALL, REDUCESCATTER, SENDRECV
 from calib.core.errors import InputError
 
 
@@ -34,7 +34,7 @@ def valid_mask_modern(model, st, m) -> np.ndarray:
     s, a = np.asarray(model.seq_len), np.asarray(model.n_heads)
     cp, ep, t, p, dp, v, sch = st.cp, st.ep, st.tp, st.pp, st.dp, st.interleave, st.schedule
     ok = (ep >= 1) & ((cp == 1) | (s % (2 * cp) == 0))
-    ok &= (st.cp_kind == CP.RING) | (a % (t * cp) == 0)
+    ok &= (st.cp_kind != CP.ULYSSES) | (a % (t * cp) == 0)
     E = int(getattr(model, "n_experts", 0) or 0)
     if E:
         ok &= (E % ep == 0) & ((t * cp * dp) % ep == 0) & (st.seq_parallel | (t == 1))
@@ -140,6 +140,9 @@ def comm_extra(model, cal, gpn, st, b, s, d, kv_frac) -> dict[str, np.ndarray]:
         qkv, o = CP.ulysses_buffer_bytes(b, s, d, kv_frac, cp, t)
         a, b_ = _many(cal, ALLTOALL, (qkv, cp, k_cp), (o, cp, k_cp))
         out["cp_a2a_s"] = a + b_
+        kv = CP.allgather_kv_bytes(b, s, d, kv_frac, t)
+        out["cp_ag_s"] = group_time_s(cal, ALLGATHER, kv, cp, k_cp)
+        out["cp_rs_s"] = group_time_s(cal, REDUCESCATTER, kv, cp, k_cp)
     return out
 
 
@@ -172,9 +175,11 @@ def layer_comm(model, st, c, rc, window_s, attn_s) -> tuple[np.ndarray, np.ndarr
         steps = st.cp.astype(float) - 1.0
         ring = steps * (c["cp_ring_step_s"] * np.where(full, 2.0, 1.0) + c["cp_ring_step_bwd_s"])
         uly = c["cp_a2a_s"] * np.where(full, 3.0, 2.0)
+        agkv = c["cp_ag_s"] * np.where(full, 2.0, 1.0) + c["cp_rs_s"]
         is_ring = st.cp_kind == CP.RING
-        total = total + np.where(is_ring, ring, uly)
-        exposed = exposed + np.where(is_ring, OV.exposed(ring, attn_s, OV.CP_RING_OVERLAP), uly)
+        other = np.where(st.cp_kind == CP.ULYSSES, uly, agkv)
+        total = total + np.where(is_ring, ring, other)
+        exposed = exposed + np.where(is_ring, OV.exposed(ring, attn_s, OV.CP_RING_OVERLAP), other)
     return np.asarray(total, dtype=float), np.asarray(exposed, dtype=float)
 
 

@@ -23,6 +23,7 @@ TP_OVERLAP = 0.6
 CP_RING_OVERLAP = 0.8
 #: Ulysses all-to-alls sit between the projection and the attention core: not overlapped.
 CP_ULYSSES_OVERLAP = 0.0
+#: Llama 3's all-gathered K/V: gathered before the attention that needs them; not overlapped.
 #: MoE dispatch/combine all-to-all under the other micro-batch's compute in DualPipe
 #: (DeepSeek-V3 report sec. 3.2.1 overlaps them fully; 0.8 is charged).  Default 0.8.
 EP_OVERLAP_DUALPIPE = 0.8

@@ -211,3 +211,23 @@ def test_gb200_nvl72_is_one_nvlink_domain_of_72():
     assert (
         members_per_node(64, 1, nvl.gpus_per_node) == 64 and members_per_node(64, 1, H100.gpus_per_node) == 8
     )
+
+
+def test_llama3_allgather_cp_by_hand():
+    """Llama 3 (arXiv:2407.21783 sec. 3.3.2) all-gathers K and V of the whole sequence before
+    the local queries' attention.  405B shape (d 16384, 8 of 128 kv heads), s 131072, TP 8,
+    bf16: 2 x 131072 x 16384 x 1/16 / 8 x 2 = 67,108,864 bytes gathered per layer; each of the
+    16 CP ranks contributes 1/16.  Charged as an all-gather forward and a reduce-scatter of
+    dK, dV backward per layer, not overlapped."""
+    assert CP.allgather_kv_bytes(1, 131072, 16384, 1 / 16, 8) == 67_108_864
+    m = replace(load_model("llama3-8b"), seq_len=65536)
+    base = dict(
+        tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, flash_attention=True, cp=8, cp_kind=CP.ALLGATHER_KV
+    )
+    c = comm_times(m, SYS, Strategies.of(**base))
+    # inside one DGX H100 (CP 8, TP 1): 2 x 65536 x 4096 x 8/32 x 2 = 268,435,456 bytes at the
+    # nccl-tests all-gather time 20 us + size (n - 1)/n / 337.5 GB/s
+    assert float(c["cp_ag_s"]) == pytest.approx(20e-6 + 268_435_456 * 7 / 8 / 337.5e9, rel=1e-9)
+    r = evaluate(m, SYS, Strategies.of(**base), comm=c)
+    assert float(r["ep_cp_s"]) == float(r["ep_cp_exposed_s"]) > 0
+    assert float(r["ep_cp_s"]) == pytest.approx(32 * (float(c["cp_ag_s"]) + float(c["cp_rs_s"])))

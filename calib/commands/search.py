@@ -105,8 +105,8 @@ Examples:
     "--flash-attention", is_flag=True, help="Fused attention for every strategy (no s x s activations)."
 )
 @click.option("--cp", "cp_sizes", help="Context-parallel sizes to consider, e.g. 1,2,4,8 (default 1).")
-@click.option("--cp-kind", type=Choice(("ring", "ulysses")), default="ring", show_default=True,
-              help="Context parallelism: ring attention or Ulysses all-to-all.")  # fmt: skip
+@click.option("--cp-kind", type=Choice(("ring", "ulysses", "allgather")), default="ring", show_default=True,
+              help="Context parallelism: ring attention, Ulysses all-to-all or all-gathered K/V (Llama 3).")  # fmt: skip
 @click.option(
     "--ep", "ep_sizes", help="Expert-parallel sizes to consider (default: every divisor of the experts)."
 )

@@ -90,10 +90,11 @@ def stack_options(f):
             click.option("--cp", type=Int(1), default=1, show_default=True, help="Context-parallel size."),
             click.option(
                 "--cp-kind",
-                type=Choice(("ring", "ulysses")),
+                type=Choice(("ring", "ulysses", "allgather")),
                 default="ring",
                 show_default=True,
-                help="Context parallelism: ring attention (K/V send/recv) or Ulysses all-to-all.",
+                help="Context parallelism: ring attention (K/V send/recv), Ulysses all-to-all, or Llama 3's "
+                "all-gather of K/V.",
             ),
             click.option(
                 "--ep", type=Int(1), default=1, show_default=True, help="Expert-parallel size (MoE)."
