@@ -296,7 +296,9 @@ def evaluate(
         head_compute, layer_compute + tp_layer + xl_exposed, lps, lps_last
     )  # = head when even
     fwd_sh, w_sh = X.schedule_shares(f_fwd, f_train, attn_fwd)
-    pipeline, bubble = pipeline_time_s(stage_mb, head_mb, p, m, v, st.schedule, fwd_sh, w_sh)
+    # the bubble runs at the pace of the slowest virtual stage (analytic.uneven): v x its layers
+    chunk_stage = v * U.chunk_layers(L, p, v) * (layer_compute + tp_layer + xl_exposed) + pp_mb
+    pipeline, bubble = pipeline_time_s(stage_mb, head_mb, p, m, v, st.schedule, fwd_sh, w_sh, chunk_stage)
 
     # ---- data parallel / ZeRO over the stage's parameter shard -------------------------
     shared_p, expert_p = X.moe_params(model, d, t, p, st.ep, mats)
