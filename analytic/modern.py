@@ -288,7 +288,9 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
     keep = np.asarray(rc) != F.FULL
     in_flight = np.minimum(p, m)
     sbd = s_loc * b * d / t
-    extra = -np.where(st.fp8, PR.FP8_SAVED_SBD * sbd, 0.0) * np.ceil(float(model.n_layers) / p)
+    extra = -np.where(st.fp8, PR.FP8_SAVED_SBD * sbd, 0.0) * np.ceil(
+        np.asarray(model.n_layers, dtype=float) / p
+    )
     if MOE.is_moe(model):
         T = b * s_loc / t
         per = MOE.activation_bytes_layer(model, T, d, mats) - MOE.DENSE_MLP_ACT * sbd
