@@ -14,7 +14,9 @@ Sources (full citations and quoted lines in fixtures/published/SOURCE.txt and th
 ``source``/``quote`` columns): BLOOM-176B bigscience-workshop/bigscience tr11-176B-ml
 chronicles-prequel.md "Rebalancing layers" + README.md production log line; MT-NLG 530B
 arXiv:2201.11990 Sec. 2.4 as quoted by cli99/llm-analysis; Narayanan et al. SC21
-(arXiv:2104.04473) Table 2 via two agreeing transcriptions.
+(arXiv:2104.04473) Table 2 via two agreeing transcriptions; Llama 3 405B Table 4
+(arXiv:2407.21783 p.10) from the paper's PDF text (row 3's DP from three transcriptions that
+agree with its GPU and token counts; SOURCE.txt says why).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ BLOOM = PUB / "bloom176b_bigscience_jean_zay_iteration_times.csv"
 MTNLG = PUB / "mtnlg530b_smith2022_iteration_times.csv"
 SC21T2 = PUB / "megatron_sc21_table2_ptdp_vs_zero3.csv"
 H100 = PUB / "mosaicml_llmfoundry_fsdp_h100_bf16.csv"
+LLAMA3 = PUB / "llama3_405b_table4_scaling.csv"
 
 # chronicles-prequel.md "Rebalancing layers" (02-28): (hidden, layers, DP, TP, PP, MBS, NHEADS) -> (Sec/it, TFLOPs)
 BLOOM_SOURCE = {
@@ -118,6 +121,28 @@ def test_sc21_table2_values_round_trip_from_the_source():
     assert got == SC21T2_SOURCE
 
 
+# Dubey et al. 2024 (arXiv:2407.21783) Table 4, typed from the quoted PDF text:
+# (GPUs, TP, CP, PP, seq) -> (DP as printed, batch size / DP, TFLOP/s per GPU, BF16 MFU %)
+LLAMA3_SOURCE = {
+    (8192, 8, 1, 16, 8192): (64, 32, 430, 43), (16384, 8, 1, 16, 8192): (128, 16, 400, 41),
+    (16384, 8, 16, 16, 131072): (4, 16, 380, 38),
+}  # fmt: skip
+
+
+def test_llama3_table4_values_round_trip_from_the_source():
+    df, fmt = read_table(LLAMA3)
+    assert fmt == "canonical" and len(df) == 3 and set(df["model"]) == {"llama3-405b"}
+    for r in df.itertuples():
+        dp_printed, per_dp, tflops, mfu = LLAMA3_SOURCE[(r.gpus, r.tp, r.cp, r.pp, r.seq_len)]
+        cells = r.quote.split(" (")[0].replace(",", "").split()
+        assert [int(c) for c in cells[:7]] == [r.gpus, r.tp, r.cp, r.pp, dp_printed, r.seq_len, per_dp]
+        assert (cells[7], float(cells[8]), cells[9]) == ("16M", r.measured_tflops_per_gpu, f"{mfu}%")
+        assert r.measured_tflops_per_gpu == tflops and r.source_bf16_mfu_pct == mfu
+        # row 3 prints DP 4; DP 8 is the value that makes TP x CP x PP x DP = GPUs and 16M tokens
+        assert r.gpus == r.tp * r.cp * r.pp * r.dp and r.global_batch == r.dp * per_dp
+        assert 16e6 < r.global_batch * r.seq_len < 17e6  # "16M" tokens per batch
+
+
 # llm-foundry README "H100 80GB BF16" (typed from the README text, a sample across the table):
 # (Model, SeqLen, # GPUs) -> (MicroBatchSize, GlobalBatchSize, Throughput T/s, Throughput T/s/GPU)
 H100_SOURCE = {
@@ -159,6 +184,7 @@ EVERY_THIRD = [
     (PUB / "megatron_readme_2020_tp_dp_scaling_iteration_times.csv", 8, 2.98, 5.0),
     (PUB / "mosaicml_llmfoundry_fsdp_a100.csv", 92, 9.11, 10.0),
     (H100, 34, 13.15, 15.0),
+    (LLAMA3, 2, 7.17, 10.0),  # calibrate on row 1 (decided before running, fixtures/published/SOURCE.txt)
 ]
 
 
