@@ -184,8 +184,12 @@ def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) 
     grad_bytes = BYTES_GRAD * (stage_params(d, L, s, V, t, p, ffn_c, kv_frac, mats, tied) + shared)
     exp_bytes = BYTES_GRAD * routed
 
-    def dp_t(coll):
-        return X.dp_time_s(cal, gpn, coll, grad_bytes, exp_bytes, st)
+    def dp_t(coll, per=1.0):
+        return X.dp_time_s(cal, gpn, coll, grad_bytes / per, exp_bytes / per, st)
+
+    # ZeRO-3 gathers and reduce-scatters module by module (each layer, and the embedding):
+    # n_mod collectives of 1 / n_mod of the shard, each paying the group's latency (analytic.zero_overlap)
+    n_mod = U.stage_layers(L, p)[0] + 1.0
 
     return {
         **X.comm_extra(model, cal, gpn, st, b, s, d, kv_frac),
@@ -197,6 +201,8 @@ def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) 
         "dp_ag_s": dp_t(ALLGATHER),
         "dp_rs_s": dp_t(REDUCESCATTER),
         "dp_reduce_s": dp_t(REDUCE),  # DeepSpeed ZeRO-2 issues reduces
+        "dp_ag_z3_s": n_mod * dp_t(ALLGATHER, n_mod),
+        "dp_rs_z3_s": n_mod * dp_t(REDUCESCATTER, n_mod),
     }
 
 
@@ -305,17 +311,18 @@ def evaluate(
     dense_p = stage_params(d, L, s, V, t, p, ffn_c, kv_frac, mats, tied) + shared_p
     params_gpu = dense_p + expert_p
     ar, ag, rs3, rs2 = c["dp_ar_s"], c["dp_ag_s"], c["dp_rs_s"], c["dp_reduce_s"]
+    ag3, rs33 = c.get("dp_ag_z3_s", ag), c.get("dp_rs_z3_s", rs3)  # ZeRO-3: per-module collectives
     z = st.zero
     n_ag_mb = np.where(full, 3.0, 2.0)  # ZeRO-3 gathers per micro-batch
     dp_ar = np.where(z <= 1, ar, 0.0)
-    dp_ag = np.where(z == 1, ag, 0.0) + np.where(z == 2, ag, 0.0) + np.where(z == 3, m * n_ag_mb * ag, 0.0)
-    dp_rs = np.where(z == 2, m * rs2, 0.0) + np.where(z == 3, m * rs3, 0.0)
+    dp_ag = np.where(z == 1, ag, 0.0) + np.where(z == 2, ag, 0.0) + np.where(z == 3, m * n_ag_mb * ag3, 0.0)
+    dp_rs = np.where(z == 2, m * rs2, 0.0) + np.where(z == 3, m * rs33, 0.0)
 
     bwd_window = lps * layer_compute * (f_train - f_fwd) / f_train
     fwd_window = lps * layer_compute * f_fwd / f_train
     ovl = st.dp_overlap
     # ZeRO-3 gathers/reduce-scatters hide under compute only up to a fraction (analytic.zero_overlap)
-    z3_exp = m * (ZO.exposed_s(ag, fwd_window) + ZO.exposed_s((n_ag_mb - 1.0) * ag + rs3, bwd_window))
+    z3_exp = m * (ZO.exposed_s(ag3, fwd_window) + ZO.exposed_s((n_ag_mb - 1.0) * ag3 + rs33, bwd_window))
     ar_hidden = np.maximum(0.0, ar - bwd_window)  # ZeRO-0/1 all-reduce under the last backward
     rs2_exp = m * np.maximum(0.0, rs2 - bwd_window)  # ZeRO-2 reduces under each backward
     # exposed DP time with overlap, per stage (the all-gather after the step never hides)
@@ -367,7 +374,7 @@ def evaluate(
         }
 
     # ---- breakdown (per iteration) -----------------------------------------------------
-    z3_ag_share = np.where(z == 3, (n_ag_mb * ag) / np.maximum(n_ag_mb * ag + rs3, 1e-30), 0.0)
+    z3_ag_share = np.where(z == 3, (n_ag_mb * ag3) / np.maximum(n_ag_mb * ag3 + rs33, 1e-30), 0.0)
     ar_exp = np.where(ovl, np.where(z <= 1, ar_hidden, 0.0), dp_ar)
     ag_exp = np.where(
         ovl, np.where((z == 1) | (z == 2), ag, 0.0) + np.where(z == 3, z3_exp * z3_ag_share, 0.0), dp_ag
