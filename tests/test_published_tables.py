@@ -36,6 +36,7 @@ MTNLG = PUB / "mtnlg530b_smith2022_iteration_times.csv"
 SC21T2 = PUB / "megatron_sc21_table2_ptdp_vs_zero3.csv"
 H100 = PUB / "mosaicml_llmfoundry_fsdp_h100_bf16.csv"
 LLAMA3 = PUB / "llama3_405b_table4_scaling.csv"
+DSV3 = PUB / "deepseek_v3_h800_pretraining.csv"
 
 # chronicles-prequel.md "Rebalancing layers" (02-28): (hidden, layers, DP, TP, PP, MBS, NHEADS) -> (Sec/it, TFLOPs)
 BLOOM_SOURCE = {
@@ -141,6 +142,34 @@ def test_llama3_table4_values_round_trip_from_the_source():
         # row 3 prints DP 4; DP 8 is the value that makes TP x CP x PP x DP = GPUs and 16M tokens
         assert r.gpus == r.tp * r.cp * r.pp * r.dp and r.global_batch == r.dp * per_dp
         assert 16e6 < r.global_batch * r.seq_len < 17e6  # "16M" tokens per batch
+
+
+def test_deepseek_v3_point_is_the_quoted_gpu_hours_per_trillion_tokens():
+    df, fmt = read_table(DSV3)
+    r = df.iloc[0]
+    assert fmt == "canonical" and len(df) == 1 and r["model"] == "deepseek-v3"
+    assert "180K H800 GPU hours" in r["quote"] and "2048 H800 GPUs" in r["quote"]
+    assert "16-way Pipeline Parallelism (PP), 64-way Expert Parallelism (EP)" in r["quote"]
+    assert r["source_h800_gpu_hours_per_1e12_tokens"] == 180_000
+    assert r["measured_tokens_per_s_per_gpu"] == pytest.approx(1e12 / (180_000 * 3600), abs=0.005)
+    assert (r["gpus"], r["pp"], r["ep"], r["tp"], r["dp"]) == (2048, 16, 64, 1, 128)
+    assert (r["schedule"], r["precision"], r["zero"]) == ("dualpipe", "fp8", 1)
+
+
+def test_h800_preset_is_the_h100_with_its_nvlink_cut():
+    h800, h100 = load_hardware("h800"), load_hardware("dgx-h100")
+    assert h800.scale_up_gbps == 400 / 2 and h100.scale_up_gbps == 450  # 400 GB/s bidirectional
+    assert h800.node_nic_gbps == 8 * 50  # DeepSeek-V3 sec. 3.2.2: "IB (50 GB/s)" per GPU
+    same = ("peak_tflops", "peak_fp8_tflops", "hbm_gb", "hbm_tbps", "gpus_per_node")
+    assert [getattr(h800, f) for f in same] == [getattr(h100, f) for f in same]
+
+
+def test_deepseek_v3_uncalibrated_error_stays_under_its_regression_bound():
+    # one row: nothing to calibrate on (decided before running); observed +13.65 %, bound 15 %
+    df, _ = read_table(DSV3)
+    v = validate(df, str(DSV3), fit_kind="none")
+    assert v.summary["n_heldout"] == 1 and not v.rows["oom"].any()
+    assert v.summary["median_abs_pct"] < 15.0
 
 
 # llm-foundry README "H100 80GB BF16" (typed from the README text, a sample across the table):
