@@ -29,6 +29,7 @@ from calib.analytic.search import SearchResult, Space
 from calib.analytic.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from calib.analytic.timemodel import System
 from calib.analytic.validate import Validation
+from calib.api_seeds import SeedsMixin, fit_power  # noqa: F401 - public API
 from calib.calibrate.calibration import Calibration, Param
 from calib.core.errors import InputError
 from calib.core.rundir import Run, read_run, write_run
@@ -109,7 +110,7 @@ def _model(model: str | ModelSpec) -> ModelSpec:
     return model if isinstance(model, ModelSpec) else load_model(model)
 
 
-class SystemModel:
+class SystemModel(SeedsMixin):
     """The calibrated performance model of one system.
 
     Parameters are stored as given and used by :meth:`fit` (``where``, ``peak_tflops``,
@@ -274,7 +275,9 @@ class SystemModel:
         """Iteration time, memory and scaling of one strategy at each GPU count.
 
         ``plan``: ``zero``, ``tp``, ``pp``, ``micro_batch``, ``global_batch``, ``interleave``,
-        ``seq_parallel``, ``dp_overlap``, ``flash_attention`` (:class:`calib.analytic.predict.Plan`).
+        ``seq_parallel``, ``dp_overlap``, ``flash_attention``, and ``cp``, ``ep``, ``cp_kind``,
+        ``fp8``, ``schedule``, ``dist_opt``, ``tp_overlap``, ``master`` (codes as in
+        :class:`calib.analytic.predict.Plan`).
         """
         from calib.analytic.formulas import recompute_code
         from calib.analytic.predict import predict as run_predict
@@ -298,9 +301,13 @@ class SystemModel:
         global_batch: int | None = None,
         top: int = 10,
         hardware: str | HardwareSpec | None = None,
+        objective: str = "time",
+        dtype: str = "bf16",
+        power: str | Path | None = None,
         **space: Any,
     ) -> SearchResult:
-        """Every valid strategy on ``gpus``, ranked by iteration time (``space``: :class:`Space` fields)."""
+        """Every valid strategy on ``gpus``, ranked by ``objective`` (time, energy or cost;
+        ``space``: :class:`Space` fields)."""
         from calib.analytic.formulas import RECOMPUTE_NAMES
         from calib.analytic.search import search as run_search
 
@@ -309,10 +316,20 @@ class SystemModel:
         if batch is None:
             raise InputError("global_batch", f"model {spec.label} has no default global batch; give one")
         machine, _ = self.machine(hardware)
-        res = run_search(spec, machine, gpus, batch, Space(**space), top)
+        pw = None
+        if objective == "energy":
+            from calib.commands.energy_cli import power_spec
+
+            pw = power_spec(machine.hw, None, None, dtype, str(power) if power else None)
+        res = run_search(spec, machine, gpus, batch, Space(**space), top, objective=objective, power=pw)
 
         def named(df):
-            return df.assign(recompute=[RECOMPUTE_NAMES[i] for i in df["recompute"]]) if not df.empty else df
+            from calib.analytic.bubble import SCHEDULES
+
+            if df.empty:
+                return df
+            return df.assign(recompute=[RECOMPUTE_NAMES[i] for i in df["recompute"]],
+                             schedule=[SCHEDULES[i] for i in df["schedule"]])  # fmt: skip
 
         return replace(res, top=named(res.top), best_per_gpus=named(res.best_per_gpus))
 

@@ -117,6 +117,7 @@ def make_report(
     pred: Predictions | None = None,
     title: str | None = None,
     step: Callable[[str], None] = lambda name: None,
+    extra: tuple[Section, ...] = (),
 ) -> Report:
     """The report of ``inputs`` and the predictions computed for ``spec`` (``step`` marks progress)."""
     from calib.reports.sections import calibration_section, runs_section
@@ -149,6 +150,7 @@ def make_report(
     elif spec is None or spec.empty:
         sections.append(Section("predictions", "Predictions", (Text(
             "Nothing to predict: no prediction spec and no calibration.", "missing"),)))  # fmt: skip
+    sections.extend(extra)
     name = title or ("calib report" + (f": {inputs.system}" if inputs.system else ""))
     meta = [
         (

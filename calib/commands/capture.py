@@ -18,6 +18,9 @@ def capture() -> None:
     """Capture calibration-ready traces of your own training loop.
 
     \b
+    With pynvml (package nvidia-ml-py) and a GPU, the capture also samples GPU power and
+    clocks (NVML) into power_rank<R>.csv beside the trace: calib fit --power FILE.
+    \b
     The capture itself is a Python context manager (calib.capture.capture) that you put
     around N steps of your loop; these commands print the recipe, check a captured
     directory, and gather traces written by Megatron-LM or other tools into one.
@@ -90,6 +93,13 @@ def format_report(report) -> str:  # noqa: ANN001 - CheckReport, imported lazily
         lines.append(
             f"run_config: world size {cfg.get('world_size')}, framework {fw.get('name')} "
             f"(ZeRO {'-' if fw.get('zero_stage') is None else fw.get('zero_stage')}), model {shape}"
+        )
+    power = cfg.get("power") or {}
+    if power:  # GPU power and clock samples (NVML) beside the traces: calib fit --power FILE
+        lines.append(
+            f"power: {power.get('samples')} NVML samples in {power.get('file')} ({power.get('device')})"
+            if power.get("status") == "sampled"
+            else f"power: {power.get('status')} ({power.get('note', '')})"
         )
     for f in report.findings:
         lines.append(f"{f.level.upper():8s} {f.where}: {f.message}")

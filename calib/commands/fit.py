@@ -50,6 +50,13 @@ from calib.core.store import calibration_path, check_name, default_store
     "'after' step_times_s of the capture's run_config.json). Its excess is taken out of the traces' "
     "dispatch time so the fit describes unprofiled steps.",
 )
+@click.option(
+    "--power",
+    "power_file",
+    metavar="FILE",
+    help="Fit static and dynamic GPU power from NVML samples (power_rank<R>.csv of calib capture) instead of "
+    "the traces; writes <store>/<system>/<system>.power.json (or --out), used by predict --energy.",
+)
 def fit(
     system: str,
     store: Path | None,
@@ -58,6 +65,7 @@ def fit(
     peak_tflops: float | None,
     gpus_per_node: int | None,
     profiler_overhead: float | None,
+    power_file: str | None,
 ):
     """Fit the efficiency factors of SYSTEM and write NAME.calib.json.
 
@@ -85,6 +93,11 @@ def fit(
     from calib.resolve import network_topology, system_runs
 
     check_name("system", system)
+    if power_file:
+        from calib.commands.energy_cli import fit_power
+
+        click.echo(fit_power(system, store, out, power_file))
+        return
     if peak_tflops is not None and not peak_tflops > 0:
         raise InputError("--peak-tflops", f"must be positive, got {peak_tflops}")
     if profiler_overhead is not None and not profiler_overhead > 0:

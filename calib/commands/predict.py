@@ -13,6 +13,14 @@ from calib.commands.options import (
     require,
     resolve_model,
 )
+from calib.commands.stack_options import (
+    apply_moe,
+    moe_model_options,
+    pop_moe,
+    pop_stack,
+    stack_label,
+    stack_options,
+)
 from calib.core.errors import InputError
 
 
@@ -41,10 +49,14 @@ smallest GPU count (with seed 004's speedup formula alongside).
 \b
 Example:
   calib predict --hardware polaris --model gpt-13b --gpus 8,64,512 --zero 3
+  calib predict --hardware dgx-h100 --model mixtral-8x7b --gpus 64 --ep 8 --pp 4 --s 4096 \\
+      --zero 1 --distributed-optimizer --schedule dualpipe --precision fp8 --global-batch 512
 """,
 )
 @machine_options
 @model_options
+@moe_model_options
+@stack_options
 @click.option("--gpus", help="Comma-separated GPU counts, e.g. 8,16,32,64 (required).")
 @click.option("--zero", type=Int(0, 3), default=0, show_default=True, help="ZeRO stage 0-3 (0 = plain DDP).")
 @click.option("--tp", type=Int(1), default=1, show_default=True, help="Tensor-parallel size.")
@@ -84,6 +96,30 @@ Example:
     help="Ranks launched per node (default: one per device, the calibration's GPUs per node); more ranks "
     "than the node's compute slots (e.g. 4 gloo ranks on a 2-core host) time-share it.",
 )
+@click.option(
+    "--energy",
+    is_flag=True,
+    help="Also energy and power per iteration, the energy-optimal SM clock (DVFS), and with --tokens the "
+    "energy, time and GPU-hours to solution (docs/energy.md).",
+)
+@click.option("--tokens", type=float, help="Training tokens to solution (with --energy).")
+@click.option(
+    "--price-per-gpu-hour", type=float, help="Price of one GPU-hour (with --energy --tokens): cost."
+)
+@click.option(
+    "--dtype",
+    type=Choice(("bf16", "fp16", "fp8", "tf32", "fp32", "int8")),
+    default="bf16",
+    show_default=True,
+    help="Matmul data type for the energy per FLOP (with --energy).",
+)
+@click.option(
+    "--power",
+    "power_file",
+    metavar="FILE",
+    help="Fitted power JSON (calib fit --power); default: "
+    "the system's stored one, else datasheet values (status default).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (every column, units in the names).")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV (one row per GPU count).")
 @click.option(
@@ -94,7 +130,8 @@ Example:
 )
 def predict(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus, zero,
             tp, pp, interleave, micro_batch, global_batch, recompute, seq_parallel, dp_overlap, flash_attention,
-            ranks_per_node, as_json, as_csv, out, **shape):  # fmt: skip
+            ranks_per_node, energy, tokens, price_per_gpu_hour, dtype, power_file, as_json, as_csv, out,
+            **shape):  # fmt: skip
     from calib.analytic.formulas import recompute_code
     from calib.analytic.predict import Plan
     from calib.analytic.predict import predict as run_predict
@@ -103,13 +140,22 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")
-    model = resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape)
+    moe, stack = pop_moe(shape), pop_stack(shape)
+    model = apply_moe(resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape), **moe)
     machine, notes = resolve_system(system, calibration, hardware, store, ranks_per_node=ranks_per_node)
     plan = Plan(tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, global_batch=global_batch,
                 recompute=recompute_code(recompute), seq_parallel=seq_parallel, interleave=interleave,
-                dp_overlap=dp_overlap, flash_attention=flash_attention)  # fmt: skip
+                dp_overlap=dp_overlap, flash_attention=flash_attention, **stack)  # fmt: skip
     result = run_predict(model, machine, parse_gpus(require(gpus, "--gpus")), plan)
     notes = notes + result.notes
+    if energy:
+        from calib.commands.energy_cli import add_energy
+
+        result, enotes = add_energy(model, machine, result, plan, system, store, tokens, price_per_gpu_hour,
+                                    dtype, power_file)  # fmt: skip
+        notes = notes + enotes
+    elif tokens is not None or price_per_gpu_hour is not None:
+        raise InputError("--tokens", "--tokens and --price-per-gpu-hour need --energy")
     if as_json:
         text = output.dumps({
             "model": model.__dict__, "hardware": machine.hw.__dict__, "calibration": machine.cal.system,
@@ -125,9 +171,14 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
             f"strategy ZeRO-{zero} TP={tp} PP={pp} v={interleave} micro-batch={micro_batch} recompute={recompute}"
             + (" +SP" if seq_parallel else "")
             + (" +DP-overlap" if dp_overlap else "")
-            + (" +flash" if flash_attention else ""),
+            + (" +flash" if flash_attention else "")
+            + stack_label(stack),
         ]
         text = output.predict_text(result.table, header, notes)
+        if energy:
+            from calib.commands.energy_cli import energy_text
+
+            text = text.rstrip("\n") + "\n\n" + energy_text(result.table)
     text = output.emit(text, out)
     if text is not None:
         click.echo(text, nl=False)

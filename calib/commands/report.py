@@ -51,8 +51,21 @@ Examples:
     help="Store directory (default ./calib-store or $CALIB_STORE).",
 )
 @click.option("--title", help="Report title.")
+@click.option(
+    "--seeds",
+    "seeds",
+    is_flag=True,
+    help="Add the seed-experiment panels: energy against time under DVFS, placement on NVLink domains, "
+    "offload memory against HBM (docs/seeds.md).",
+)
+@click.option(
+    "--offload-results",
+    metavar="FILE",
+    type=click.Path(path_type=Path),
+    help="With --seeds: the JSON of benchmarks/seed001_offload.py --json for the offload panel.",
+)
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Output directory (required).")
-def report(runs, system, calibration, predict_spec, store, title, out_dir):
+def report(runs, system, calibration, predict_spec, store, title, seeds, offload_results, out_dir):
     from calib.report_data import predictions
     from calib.reports.build import make_report, resolve_spec, write_report
     from calib.reports.progress import Steps
@@ -64,14 +77,19 @@ def report(runs, system, calibration, predict_spec, store, title, out_dir):
         raise InputError("--calibration", "give either --system or --calibration, not both")
     inputs = gather(tuple(runs), store, system, calibration)
     spec = resolve_spec(predict_spec, inputs)
-    if not inputs.runs and inputs.calibration is None and (spec is None or spec.empty):
+    if not inputs.runs and inputs.calibration is None and (spec is None or spec.empty) and not seeds:
         raise InputError(
             "calib report",
             "nothing to report: give RUN directories, --system NAME (after `calib fit`) or --predict SPEC",
         )
     with Steps(8, "report") as steps:
         pred = predictions(inputs, spec, steps.step) if spec is not None and not spec.empty else None
-        path = write_report(make_report(inputs, spec, pred, title, steps.step), out_dir)
+        extra = ()
+        if seeds:
+            from calib.commands.energy_cli import seeds_section
+
+            extra = (seeds_section(offload_results),)
+        path = write_report(make_report(inputs, spec, pred, title, steps.step, extra), out_dir)
     for note in inputs.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(f"report written to {path}")

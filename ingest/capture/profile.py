@@ -69,6 +69,7 @@ class CaptureSettings:
     with_modules: bool = False
     profile_memory: bool = False
     cuda: bool | None = None  # None: profile CUDA when torch.cuda.is_available()
+    power: bool | None = None  # None: sample GPU power and clocks (NVML) when pynvml and a GPU are there
 
     def __post_init__(self) -> None:
         if self.wait < 0 or self.warmup < 0 or self.active < 1:
@@ -156,6 +157,8 @@ class Capture:
         self._t_last = 0.0
         self._rank, self._world, self._backend = 0, 1, None
         self._activities_names: list[str] = []
+        self._power: Any = None
+        self.power_info: dict[str, Any] = {}
 
     # -- metadata -------------------------------------------------------------------------
     def _trace_meta(self) -> dict[str, Any]:
@@ -217,6 +220,9 @@ class Capture:
         )
         self._prof.preset_metadata_json(TRACE_META_KEY, json.dumps(self._trace_meta(), default=str))
         self._prof.start()
+        from calib.ingest.capture.power import start_sampling
+
+        self._power, self.power_info = start_sampling(self.out_dir, self._rank, self.settings.power)
         self._t_last = time.perf_counter()
         return self
 
@@ -252,6 +258,9 @@ class Capture:
         if self._prof is not None:
             self._prof.stop()  # exports a partial window, if one was being recorded
             self._prof = None
+        if self._power is not None:
+            self.power_info = self._power.stop()
+            self._power = None
         if exc_type is not None:
             return
         complete = self.done
@@ -294,6 +303,7 @@ class Capture:
             "step_times_s": dict(step_times),
             "step_phases": [self._phase(i) for i in range(n)],
             **_peak_memory(),
+            "power": dict(self.power_info),
             "versions": versions(),
             "host": host_info(),
             "argv": list(sys.argv),
