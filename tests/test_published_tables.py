@@ -7,7 +7,8 @@
     chosen before any error was seen; never changed afterwards) gives a held-out median
     |error| below a bound equal to the value observed when the tables were added, rounded
     up to the next 5 %.  These bounds are *regression* bounds, not accuracy targets: e.g.
-    SC21 Table 2 (ZeRO-3 rows) is 35.8 % and bounded at 40 %.  docs/analytic.md reports
+    SC21 Table 2 (ZeRO-3 rows) is 35.6 % and bounded at 40 % (35.8 % before ZeRO-3's
+    per-module collectives).  docs/analytic.md reports
     every value and what the model cannot express for each run.
 
 Sources (full citations and quoted lines in fixtures/published/SOURCE.txt and the CSVs'
@@ -207,12 +208,12 @@ def test_jean_zay_preset_is_four_100g_links_per_node():
 EVERY_THIRD = [
     (BLOOM, 12, 1.60, 5.0),
     (MTNLG, 2, 2.50, 5.0),
-    (SC21T2, 8, 35.81, 40.0),
+    (SC21T2, 8, 35.57, 40.0),
     (PUB / "megatron_sc21_table1_weak_scaling.csv", 6, 3.05, 5.0),
     (PUB / "korthikanti2022_table5_iteration_times.csv", 5, 1.67, 5.0),
     (PUB / "megatron_readme_2020_tp_dp_scaling_iteration_times.csv", 8, 2.98, 5.0),
-    (PUB / "mosaicml_llmfoundry_fsdp_a100.csv", 92, 9.11, 10.0),
-    (H100, 34, 13.15, 15.0),
+    (PUB / "mosaicml_llmfoundry_fsdp_a100.csv", 92, 9.06, 10.0),
+    (H100, 34, 13.08, 15.0),
     (LLAMA3, 2, 7.17, 10.0),  # calibrate on row 1 (decided before running, fixtures/published/SOURCE.txt)
 ]
 
