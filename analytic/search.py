@@ -60,6 +60,10 @@ class Space:
     master: int = 0
     #: PP sizes that do not divide the layers (analytic.uneven: extra layers on the first stages)
     uneven_pp: bool = False
+    #: 2D tensor parallelism (seed 002): column counts tp_c of the tp_r x tp_c TP grid to try
+    #: (1 = 1D TP; each must divide TP and the sequence) and the grid's kind (0 2D table, 1 SUMMA)
+    tp_c: tuple[int, ...] = (1,)
+    tp2d_kind: int = 0
 
 
 def layouts(
@@ -120,6 +124,12 @@ def layouts(
     r, je = np.nonzero(ok)
     out = {key: val[r] for key, val in out.items()}
     out["ep"] = ed[je]
+    # the 2D TP grid: tp_c columns (sequence split) with tp_c | t and tp_c | s
+    cd2 = np.array(sorted(set(space.tp_c)), dtype=np.int64)
+    ok = (out["tp"][:, None] % cd2[None, :] == 0) & (S % cd2[None, :] == 0)
+    r, jc = np.nonzero(ok)
+    out = {key: val[r] for key, val in out.items()}
+    out["tp_c"] = cd2[jc]
     return out
 
 
@@ -154,6 +164,8 @@ def option_mask(lay: dict[str, np.ndarray], opt: dict[str, np.ndarray], dist_opt
     z, sp, ov = opt["zero"], opt["seq_parallel"], opt["dp_overlap"]
     dc = d * c  # the dense gradients are reduced over DP x CP
     ok = ((z == 0) | (dc > 1)) & ((z <= 1) | (p == 1)) & (~sp | (t > 1)) & (~ov | (dc > 1))
+    if "tp_c" in lay:  # a 2D TP grid splits the sequence: its rows run sequence parallel
+        ok &= sp | (_col(lay["tp_c"]) == 1)
     if dist_opt:
         ok &= z != 0  # the distributed optimizer replaces ZeRO-1; plain DDP stays as ZeRO-0
     return ok
@@ -291,7 +303,7 @@ def _strategies(sl: dict, opt: dict, B: int, space: Space, moe: bool = False) ->
     )  # fmt: skip
 
 
-COMM_KEYS = ("tp", "cp", "pp", "dp", "micro_batch", "ep")  # what the communication terms depend on
+COMM_KEYS = ("tp", "cp", "pp", "dp", "micro_batch", "ep", "tp_c")  # what the communication terms depend on
 
 
 def _layout_comm(model, system: System, sl: dict, B: int, space: Space) -> dict[str, np.ndarray] | None:
@@ -314,7 +326,7 @@ def _space_knobs(space: Space, zero) -> dict:
     """The scalar knobs of a search space (the distributed optimizer stands in for ZeRO-1)."""
     return {"flash_attention": space.flash_attention, "cp_kind": space.cp_kind, "fp8": space.fp8,
             "dist_opt": np.asarray(zero) == 1 if space.dist_opt else False, "tp_overlap": space.tp_overlap,
-            "master": space.master}  # fmt: skip
+            "master": space.master, "tp2d_kind": space.tp2d_kind}  # fmt: skip
 
 
 def detail(
