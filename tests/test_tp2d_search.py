@@ -68,3 +68,25 @@ def test_2d_wins_for_the_long_sequence_vit_not_for_gpt3():
     # GPT-3 175B (s 2048) on 1024 GPUs: the best strategy stays 1D even with 2D allowed
     gpt = search(load_model("gpt3-175b"), sysm, 1024, 1536, Space(tp_c=(1, 2, 4)), top=1).top.iloc[0]
     assert gpt.tp_c == 1
+
+
+def test_cli_and_api_axis():
+    from click.testing import CliRunner
+
+    from calib.api import SystemModel
+    from calib.cli import cli
+    from calib.core.errors import InputError
+
+    args = ["search", "--hardware", "b200", "--d", "8192", "--l", "99", "--a", "64", "--s", "262144",
+            "--V", "1024", "--gpus", "1024", "--global-batch", "64", "--flash-attention",
+            "--top", "1", "--csv", "--tp-cols"]  # fmt: skip
+    out = CliRunner().invoke(cli, [*args, "1,2,4,8,16"], standalone_mode=False, catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    row = dict(zip(*[line.split(",") for line in out.output.splitlines()[:2]], strict=True))
+    # with recompute none allowed: TP 64 as a 16 x 4 grid, 59.8 s
+    assert (row["tp"], row["tp_c"]) == ("64", "4") and float(row["iter_s"]) == pytest.approx(59.79, abs=0.05)
+    with pytest.raises(InputError, match="--tp-cols"):
+        CliRunner().invoke(cli, [*args, "0"], standalone_mode=False, catch_exceptions=False)
+    res = SystemModel.from_hardware("b200").search(VIT, 1024, global_batch=64, top=1, flash_attention=True,
+                                                   tp_c=(1, 2), recompute=(1, 2), seq_parallel=(True,))  # fmt: skip
+    assert int(res.top.iloc[0].tp_c) == 2
