@@ -64,6 +64,9 @@ class Space:
     #: (1 = 1D TP; each must divide TP and the sequence) and the grid's kind (0 2D table, 1 SUMMA)
     tp_c: tuple[int, ...] = (1,)
     tp2d_kind: int = 0
+    #: placement axis (seed 002): NVLink domain size; every strategy is timed under its best
+    #: placement of the TP/CP/DP/PP groups on domains of this many GPUs (analytic.placement)
+    nvlink_domain: int | None = None
 
 
 def layouts(
@@ -236,7 +239,8 @@ def search(
     if moe:
         cand["seq_parallel"] = cand["tp"] > 1
     table = detail(model, system, cand, global_batch, space, power)
-    order = {"time": "iter_s", "energy": "energy_j_per_token", "cost": "gpu_s_per_token"}[objective]
+    placed = "iter_placed_s" if space.nvlink_domain else "iter_s"
+    order = {"time": placed, "energy": "energy_j_per_token", "cost": "gpu_s_per_token"}[objective]
     table = table.sort_values([order, "iter_s", "mem_total_gb"], kind="stable").reset_index(drop=True)
     per_gpus = table.groupby("gpus", sort=True).head(1).sort_values("gpus").reset_index(drop=True)
     ranked = table.head(top).reset_index(drop=True)
@@ -258,6 +262,11 @@ def _scan(model, system, lay, comm_all, opt, B, space, moe, keep, picks, objecti
         comm = None if comm_all is None else {k: _col(v[lo : lo + step]) for k, v in comm_all.items()}
         sts = _strategies(sl, opt, B, space, moe)
         r = evaluate(model, system, sts, comm=comm, lean=objective in ("time", "cost"))
+        if space.nvlink_domain:  # the placement axis: each strategy under its best placement
+            from calib.analytic import placement as PL
+
+            pt = PL.layout_terms(model, system, sl, B, space.nvlink_domain, space.tp2d_kind)
+            r = {**r, "iter_s": r["iter_s"] + PL.best_delta(pt, r["dp_exposed_s"], _col)[0]}
         if objective == "time":
             key = r["iter_s"]
         else:
@@ -345,7 +354,16 @@ def detail(
         r["dp_allreduce_exposed_s"] + r["dp_allgather_exposed_s"] + r["dp_reducescatter_exposed_s"]
     )
     df["mem_total_gb"] = r["mem_total_bytes"] / 1e9
-    df["gpu_s_per_token"] = df["gpus"] * df["iter_s"] / (B * model.seq_len)
+    if space.nvlink_domain:
+        from calib.analytic import placement as PL
+
+        pt = PL.layout_terms(model, system, cand, B, space.nvlink_domain, space.tp2d_kind)
+        delta, arg = PL.best_delta(pt, df["dp_exposed_s"].to_numpy())
+        df["placement"] = [PL.order_label(pt["orders"][o], pt["sizes"], i) for i, o in enumerate(arg)]
+        df["nvlink_domain"] = space.nvlink_domain
+        df["iter_placed_s"] = df["iter_s"] + delta
+        df["comm_placed_s"] = pt["tot"][arg, np.arange(n)]
+    df["gpu_s_per_token"] = df["gpus"] * df.get("iter_placed_s", df["iter_s"]) / (B * model.seq_len)
     if power is not None:
         from calib.analytic.energy import energy_columns, work_of
 

@@ -375,6 +375,7 @@ def evaluate(
             "iter_s": iter_s,
             "mem_total_bytes": mem["mem_total_bytes"],
             "oom": mem["mem_total_bytes"] + mem.get("mem_reserve_bytes", 0.0) > hw.hbm_bytes,
+            "dp_exposed_s": dp_exposed,  # the placement axis scales its DP change by this share
         }
 
     # ---- breakdown (per iteration) -----------------------------------------------------
