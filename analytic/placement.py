@@ -157,20 +157,22 @@ def layout_terms(model, system, lay: dict, B: int, domain: int, tp2d_kind=0) -> 
             "dp_base": np.broadcast_to(base["dp"], n), "sizes": sizes}  # fmt: skip
 
 
-def best_delta(terms: dict, dp_exposed, col=lambda x: x) -> tuple[np.ndarray, np.ndarray]:
-    """Per strategy: the smallest placed-minus-base time over the orders, and which order.
-    ``dp_exposed`` (strategy grid) scales the DP difference by the share the time model exposes;
-    ``col`` lifts a layout array onto the grid."""
+def best_delta(terms: dict, dp_exposed, col=lambda x: x, want_order: bool = True):
+    """Per strategy: the smallest placed-minus-base time over the orders, and which order (None
+    unless ``want_order``).  ``dp_exposed`` (strategy grid) scales the DP difference by the share
+    the time model exposes; ``col`` lifts a layout array onto the grid."""
     base = col(terms["dp_base"])
-    frac = np.where(base > 0, np.minimum(1.0, dp_exposed / np.where(base > 0, base, 1.0)), 0.0)
+    frac = np.minimum(1.0, dp_exposed / np.where(base > 0, base, np.inf))
     best = arg = None
     for o in range(len(terms["orders"])):
         v = col(terms["nd"][o]) + frac * col(terms["dd"][o])
         if best is None:
-            best, arg = v, np.zeros(np.shape(v), dtype=np.int64)
-        else:
+            best = v
+            arg = np.zeros(np.shape(v), dtype=np.int64) if want_order else None
+            continue
+        if want_order:
             arg = np.where(v < best, o, arg)
-            best = np.minimum(best, v)
+        np.minimum(best, v, out=best)
     return best, arg
 
 

@@ -266,7 +266,7 @@ def _scan(model, system, lay, comm_all, opt, B, space, moe, keep, picks, objecti
             from calib.analytic import placement as PL
 
             pt = PL.layout_terms(model, system, sl, B, space.nvlink_domain, space.tp2d_kind)
-            r = {**r, "iter_s": r["iter_s"] + PL.best_delta(pt, r["dp_exposed_s"], _col)[0]}
+            r = {**r, "iter_s": r["iter_s"] + PL.best_delta(pt, r["dp_exposed_s"], _col, False)[0]}
         if objective == "time":
             key = r["iter_s"]
         else:
