@@ -217,7 +217,9 @@ def work_of(model, system, st, r: dict) -> Work:
     t, p, dp, b = (x.astype(float) for x in (st.tp, st.pp, st.dp, st.micro_batch))
     m = st.global_batch / (dp * b)
     ffn, kv, mats, tied = shape_terms(model)
-    params = stage_params(d, L, s, V, t, p, ffn, kv, mats, tied)
+    from calib.analytic.tp2d import weight_split
+
+    params = stage_params(d, L, s, V, weight_split(t, st.tp_c, st.tp2d_kind), p, ffn, kv, mats, tied)
     opt_params = params / np.where(st.zero >= 1, dp, 1.0)
     vec = F.vector_traffic_bytes_layer(b, s, d, a, t, st.seq_parallel, st.recompute, st.flash_attention,
                                        system.vector_passes)  # fmt: skip
