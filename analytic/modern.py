@@ -252,7 +252,9 @@ def schedule_shares(f_fwd, f_train, attn_fwd) -> tuple[np.ndarray, np.ndarray]:
 
 
 def tp_exposed(tp_layer, window, st) -> np.ndarray:
-    return np.where(st.tp_overlap, OV.exposed(tp_layer, window, OV.TP_OVERLAP), tp_layer)
+    """TP seconds per layer on the critical path: the exposed part of overlapped collectives plus
+    the SM-sharing slowdown of the compute they hide under (analytic.overlap)."""
+    return np.where(st.tp_overlap, OV.exposed_with_sharing(tp_layer, window, OV.TP_OVERLAP), tp_layer)
 
 
 def dist_opt_exposed(st, rs, ag, bwd_window, fwd_window) -> tuple[np.ndarray, np.ndarray]:

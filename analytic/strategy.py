@@ -52,13 +52,18 @@ class Strategies:
     dist_opt: np.ndarray
     tp_overlap: np.ndarray
     master: np.ndarray
+    # 2D tensor parallelism (seed 002, analytic.tp2d): the TP group as a tp_r x tp_c grid,
+    # tp_c = tp / tp_r columns splitting the sequence (1 = Megatron's 1D TP); kind 0 the 2D
+    # table (weights over tp_r), 1 SUMMA (weights over the whole grid)
+    tp_c: np.ndarray
+    tp2d_kind: np.ndarray
 
     @classmethod
     def of(cls, **kw) -> Strategies:
         defaults = {
             "interleave": 1, "zero": 0, "recompute": 0, "seq_parallel": False, "dp_overlap": False,
             "flash_attention": False, "cp": 1, "ep": 1, "cp_kind": 0, "fp8": False, "schedule": 0,
-            "dist_opt": False, "tp_overlap": False, "master": 0,
+            "dist_opt": False, "tp_overlap": False, "master": 0, "tp_c": 1, "tp2d_kind": 0,
         }  # fmt: skip
         vals = {**defaults, **kw}
         out = {}
@@ -173,6 +178,8 @@ def valid_mask(model, st: Strategies) -> np.ndarray:
     ok &= (v == 1) | ((pp > 1) & (v <= -(-L // np.maximum(pp, 1))) & (m % pp == 0))  # analytic.uneven
     ok &= (z <= 1) | (pp == 1)
     ok &= ~st.seq_parallel | (tp > 1)
+    # a 2D grid splits the sequence: tp_c | tp, tp_c | s, and the rows run sequence parallel
+    ok &= (tp % st.tp_c == 0) & (model.seq_len % st.tp_c == 0) & ((st.tp_c == 1) | st.seq_parallel)
     from calib.analytic.modern import valid_mask_modern
 
     return ok & valid_mask_modern(model, st, m)
