@@ -208,6 +208,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         tp_c=parse_list(stack["tp_cols"], "--tp-cols", (1,)),
         tp2d_kind=("2d", "summa").index(stack["tp2d_kind"]),
     )
+    _check_tp_cols(model, space)
     if space.fp8 and not machine.hw.peak_fp8_tflops:
         raise InputError("--precision", f"hardware {machine.hw.name} states no peak_fp8_tflops")
     power = None
@@ -256,3 +257,16 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     text = output.emit(text, out)
     if text is not None:
         click.echo(text, nl=False)
+
+
+def _check_tp_cols(model, space) -> None:
+    """Each 2D TP column count must divide some TP size the search tries and the sequence."""
+    tps = [t for t in range(1, model.n_heads + 1) if model.n_heads % t == 0 and t <= (space.max_tp or t)]
+    for c in space.tp_c:
+        if c > 1 and (model.seq_len % c or not any(t % c == 0 for t in tps)):
+            raise InputError(
+                "--tp-cols",
+                f"{c} columns divide no TP size of {model.label} (TP divides its {model.n_heads} heads"
+                + (f", TP <= {space.max_tp}" if space.max_tp else "")
+                + f") or not its sequence {model.seq_len}",
+            )

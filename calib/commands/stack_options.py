@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import click
 
-from calib.commands.options import Choice, Int
+from calib.commands.options import Choice, Int, option_name
 from calib.core.errors import InputError
 
 SCHEDULE_HELP = "1f1b (interleaved with --interleave > 1), zb-h1 (Qi et al. 2023) or dualpipe (DeepSeek-V3)."
@@ -22,13 +22,13 @@ class Number(click.ParamType):
         self.lo = lo
 
     def convert(self, value, param, ctx):
-        opt = f"--{param.name.replace('_', '-')}" if param else "option"
+        opt = option_name(param)
         try:
             v = float(value)
         except (TypeError, ValueError):
             raise InputError(opt, f"expected a number, got '{value}'") from None
-        if v < self.lo:
-            raise InputError(opt, f"must be >= {self.lo:g}, got {v:g}")
+        if not v >= self.lo or v == float("inf"):
+            raise InputError(opt, f"must be a finite number >= {self.lo:g}, got {v:g}")
         return v
 
 
