@@ -221,7 +221,8 @@ def work_of(model, system, st, r: dict) -> Work:
 
     params = stage_params(d, L, s, V, weight_split(t, st.tp_c, st.tp2d_kind), p, ffn, kv, mats, tied)
     opt_params = params / np.where(st.zero >= 1, dp, 1.0)
-    vec = F.vector_traffic_bytes_layer(b, s, d, a, t, st.seq_parallel, st.recompute, st.flash_attention,
+    s_loc = s / np.asarray(st.cp, dtype=float)  # a GPU's tokens under context parallelism
+    vec = F.vector_traffic_bytes_layer(b, s_loc, d, a, t, st.seq_parallel, st.recompute, st.flash_attention,
                                        system.vector_passes)  # fmt: skip
     hbm = (
         m * (L / p) * vec + m * WEIGHT_PASSES * BYTES_WEIGHT * params + ADAM_STEP_BYTES_PER_PARAM * opt_params
@@ -357,6 +358,9 @@ def energy_of_table(model, system, table, plan, power: PowerSpec, tokens=None, p
         micro_batch=table["micro_batch"].to_numpy(), global_batch=table["global_batch"].to_numpy(),
         interleave=plan.interleave, zero=plan.zero, recompute=plan.recompute, seq_parallel=plan.seq_parallel,
         dp_overlap=plan.dp_overlap, flash_attention=plan.flash_attention,
+        # the whole plan: the energy model times the same strategy as the time model
+        cp=plan.cp, ep=plan.ep, cp_kind=plan.cp_kind, fp8=plan.fp8, schedule=plan.schedule,
+        dist_opt=plan.dist_opt, tp_overlap=plan.tp_overlap, master=plan.master,
     )  # fmt: skip
     r = evaluate(model, system, st)
     w = work_of(model, system, st, r)

@@ -1,0 +1,130 @@
+"""Regressions from a new user's review of README and docs/ (branch review): each test is one
+defect that was found by running the documented commands and nonsense input."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from calib.cli import cli
+from calib.core.errors import InputError
+
+ROOT = Path(__file__).parents[1]
+PARTS = ("kernel_transformer_s", "kernel_other_s", "dispatch_intra_s", "dispatch_inter_s", "tp_s", "pp_s",
+         "ep_cp_exposed_s", "dp_allreduce_exposed_s", "dp_allgather_exposed_s", "dp_reducescatter_exposed_s",
+         "bubble_s", "optimizer_s")  # fmt: skip
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args), standalone_mode=False, catch_exceptions=False)
+
+
+def bad(*args: str) -> InputError:
+    with pytest.raises(InputError) as exc:
+        run(*args)
+    return exc.value
+
+
+def predict_json(*args: str) -> dict:
+    return json.loads(run("predict", "--hardware", "dgx-h100", *args, "--json").output)
+
+
+@pytest.mark.parametrize("cols", ["3", "16"])
+def test_search_tp_cols_that_divide_no_tp_is_one_line(cols):
+    # was: ValueError traceback (zero-size array) from the empty layout set; gpt-13b's 40
+    # heads allow TP 1, 2, 4, 5, 8, 10, 20, 40: neither 3 nor 16 divides any of them
+    e = bad("search", "--hardware", "dgx-h100", "--model", "gpt-13b", "--gpus", "64", "--global-batch", "512",
+            "--tp-cols", cols)  # fmt: skip
+    assert e.where == "--tp-cols" and "40 heads" in e.problem
+
+
+def test_search_with_no_valid_layout_says_so():
+    from calib.commands.output import search_text
+    from calib.analytic.search import _layout_comm
+
+    assert _layout_comm(None, None, {k: __import__("numpy").zeros(0, int) for k in
+                                     ("tp", "cp", "pp", "dp", "micro_batch", "ep", "tp_c")}, 8, None) is None  # fmt: skip
+    import pandas as pd
+
+    summary = {"model": "m", "machine": "h", "calibration": "h", "gpus": 64, "global_batch": 3,
+               "strategies": 0, "feasible": 0, "seconds": 0.0, "strategies_per_s": 0.0}  # fmt: skip
+    text = search_text(summary, pd.DataFrame(), None, [])
+    assert "no valid strategy" in text and "fits in device memory" not in text
+
+
+def test_option_errors_name_the_option_the_user_typed():
+    # was: '--seq-len' / '--fmt' (the Python parameter names) for options spelled --s / --format
+    assert (
+        bad("predict", "--hardware", "dgx-h100", "--model", "gpt-13b", "--gpus", "8", "--s", "0").where
+        == "--s"
+    )
+    assert (
+        bad("predict", "--hardware", "dgx-h100", "--model", "gpt-13b", "--gpus", "8", "--l", "0").where
+        == "--l"
+    )
+    sc21 = str(ROOT / "fixtures" / "published" / "megatron_sc21_table1_weak_scaling.csv")
+    assert bad("validate", sc21, "--format", "foo").where == "--format"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_capacity_factor_rejects_non_finite(value):
+    e = bad(
+        "predict",
+        "--hardware",
+        "dgx-h100",
+        "--model",
+        "mixtral-8x7b",
+        "--gpus",
+        "64",
+        "--capacity-factor",
+        value,
+    )
+    assert e.where == "--capacity-factor"
+
+
+CSV = """label,hardware,d_model,n_layers,n_heads,seq_len,vocab,gpus,tp,pp,micro_batch,global_batch,measured_iter_s
+a,{hw},4096,32,32,2048,51200,64,8,1,1,{gb},2.0
+"""
+
+
+def test_validate_bad_hardware_column_names_file_row_and_column(tmp_path):
+    # was: 'calib: --hardware: unknown hardware ...' although no --hardware was given
+    f = tmp_path / "t.csv"
+    f.write_text(CSV.format(hw="dgx-h999", gb=64))
+    e = bad("validate", str(f), "--fit", "none")
+    assert e.where == str(f) and e.problem.startswith("row 1: column 'hardware': unknown hardware 'dgx-h999'")
+
+
+def test_validate_messages_name_the_file_and_plain_values(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text(CSV.format(hw="dgx-h100", gb=-64))
+    assert bad("validate", str(f), "--fit", "none").problem.endswith("got '-64'")  # was np.int64(-64)
+    g = tmp_path / "hdr.csv"
+    g.write_text("a,b,c\n1,2,3\n")
+    e = bad("validate", str(g))
+    assert e.where == str(g) and "unrecognised table" in e.problem  # was: no file named
+
+
+def test_breakdown_adds_up_with_uneven_pipeline_stages():
+    # gpt-1.3b: 24 layers on PP 5 (stages of 5,5,5,5,4): the LM head fits in the last stage's
+    # spare layer; the breakdown charged all of it (0.0631 s of parts for a 0.0578 s iteration)
+    c = predict_json("--model", "gpt-1.3b", "--gpus", "40", "--pp", "5", "--global-batch", "40")["configs"][0]
+    assert sum(c[k] for k in PARTS) == pytest.approx(c["iter_s"], rel=1e-9)
+
+
+def test_energy_times_the_same_strategy_as_the_time_model():
+    # was: --energy rebuilt the strategy without CP/EP/FP8/schedule: llama3-70b CP 2 on 512 GPUs
+    # got 1.83 s per iteration in the energy columns against iter_s 0.86 s, and the energy of 256 GPUs
+    out = predict_json("--model", "llama3-70b", "--gpus", "512", "--tp", "8", "--pp", "4", "--cp", "2",
+                       "--seq-parallel", "--s", "8192", "--energy")  # fmt: skip
+    c = out["configs"][0]
+    static_w = float(re.search(r"static_w ([\d.]+)", " ".join(out["notes"])).group(1))
+    assert c["clock_scale"] == 1.0 and c["time_s_at_clock"] == pytest.approx(c["iter_s"], rel=1e-9)
+    assert c["energy_kj_per_iter"] == pytest.approx(512 * c["energy_j_per_gpu"] / 1e3)
+    # E = P_static t + dynamic terms >= P_static t, per GPU and at the optimal clock for all GPUs
+    assert c["energy_j_per_gpu"] >= static_w * c["time_s_at_clock"]
+    assert c["energy_kj_per_iter_opt"] * 1e3 >= static_w * c["time_s_opt"] * 512
