@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -43,13 +45,11 @@ def test_search_tp_cols_that_divide_no_tp_is_one_line(cols):
 
 
 def test_search_with_no_valid_layout_says_so():
+    from calib.analytic.search import COMM_KEYS, _layout_comm
+
     from calib.commands.output import search_text
-    from calib.analytic.search import _layout_comm
 
-    assert _layout_comm(None, None, {k: __import__("numpy").zeros(0, int) for k in
-                                     ("tp", "cp", "pp", "dp", "micro_batch", "ep", "tp_c")}, 8, None) is None  # fmt: skip
-    import pandas as pd
-
+    assert _layout_comm(None, None, {k: np.zeros(0, dtype=int) for k in COMM_KEYS}, 8, None) is None
     summary = {"model": "m", "machine": "h", "calibration": "h", "gpus": 64, "global_batch": 3,
                "strategies": 0, "feasible": 0, "seconds": 0.0, "strategies_per_s": 0.0}  # fmt: skip
     text = search_text(summary, pd.DataFrame(), None, [])
