@@ -128,3 +128,23 @@ def test_energy_times_the_same_strategy_as_the_time_model():
     # E = P_static t + dynamic terms >= P_static t, per GPU and at the optimal clock for all GPUs
     assert c["energy_j_per_gpu"] >= static_w * c["time_s_at_clock"]
     assert c["energy_kj_per_iter_opt"] * 1e3 >= static_w * c["time_s_opt"] * 512
+
+
+def test_power_samples_bad_values_name_their_row(tmp_path):
+    # was: every bad value reported at row 1; utilisation 500 % and inf were fitted silently
+    from calib.calibrate.power import read_power_samples
+
+    lines = (ROOT / "fixtures" / "power" / "nvml_samples_a100.csv").read_text().splitlines()
+    head, rows = lines[:2], lines[2:]
+    for col, value, row, words in (("power_w", "-5", 6, "-5.0 in row 6"), ("power_w", "inf", 3, "inf in row 3"),
+                                   ("gpu_util_pct", "500", 2, "500 in row 2 is not 0..100")):  # fmt: skip
+        i = head[1].split(",").index(col)
+        cells = rows[row - 1].split(",")
+        cells[i] = value
+        f = tmp_path / f"{col}{row}.csv"
+        f.write_text("\n".join(head + rows[: row - 1] + [",".join(cells)] + rows[row:]) + "\n")
+        with pytest.raises(InputError) as exc:
+            read_power_samples(f)
+        assert exc.value.where == str(f) and exc.value.problem == f"column {col}: value {words}" + (
+            "" if col.endswith("_pct") else " is not finite and >= 0"
+        )
