@@ -375,6 +375,7 @@ def detail(
             "energy_kj_per_iter",
             "power_w_per_gpu",
             "f_opt_mhz",
+            "f_opt_scale",
             "energy_saving_opt",
         ):
             df[k] = np.broadcast_to(ec[k], (n,))

@@ -148,3 +148,16 @@ def test_power_samples_bad_values_name_their_row(tmp_path):
         assert exc.value.where == str(f) and exc.value.problem == f"column {col}: value {words}" + (
             "" if col.endswith("_pct") else " is not finite and >= 0"
         )
+
+
+def test_energy_optimum_of_a_device_without_clock_range_is_relative():
+    # was: 'opt MHz 1' (f_opt_mhz 0.53) for B200, whose energy.yaml entry states no clock range
+    out = predict_json("--model", "llama3-8b", "--gpus", "8", "--energy")
+    assert "f_opt_mhz" in out["configs"][0]  # dgx-h100: 297..1980 MHz (energy.yaml)
+    out = json.loads(run("predict", "--hardware", "b200", "--model", "llama3-8b", "--gpus", "8", "--energy",
+                         "--json").output)  # fmt: skip
+    c = out["configs"][0]
+    assert "f_opt_mhz" not in c and "f_fastest_mhz" not in c and 0.15 <= c["f_opt_scale"] <= 1.0
+    assert any("fraction of the top clock" in n for n in out["notes"])
+    text = run("predict", "--hardware", "b200", "--model", "llama3-8b", "--gpus", "8", "--energy").output
+    assert "opt f/fmax" in text and "opt MHz" not in text

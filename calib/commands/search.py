@@ -217,6 +217,10 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
 
         power = power_spec(machine.hw, system, store, dtype, power_file)
         notes = notes + list(power.notes)
+        if not power.clock_mhz_known:
+            from calib.commands.energy_cli import relative_clock_note
+
+            notes.append(relative_clock_note(machine.hw.device))
     if nvlink_domain or offload_gbps is not None:
         from calib.commands.energy_cli import axis_search
 
@@ -239,6 +243,8 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
                          schedule=[SCHEDULES[i] for i in df["schedule"]])  # fmt: skip
 
     table = named(res.top)
+    if power is not None and not power.clock_mhz_known:
+        table = table.drop(columns=["f_opt_mhz"], errors="ignore")
     summary = {
         "model": model.label, "machine": machine.hw.name, "calibration": machine.cal.system,
         "gpus": counts if len(counts) > 1 else counts[0], "global_batch": B,
