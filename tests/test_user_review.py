@@ -161,3 +161,11 @@ def test_energy_optimum_of_a_device_without_clock_range_is_relative():
     assert any("fraction of the top clock" in n for n in out["notes"])
     text = run("predict", "--hardware", "b200", "--model", "llama3-8b", "--gpus", "8", "--energy").output
     assert "opt f/fmax" in text and "opt MHz" not in text
+
+
+def test_moe_shape_errors_name_the_option():
+    # was: 'calib: mixtral-8x7b: top_k must be ...' (the model and the field, not the option)
+    base = ("predict", "--hardware", "dgx-h100", "--model", "mixtral-8x7b", "--gpus", "64")
+    e = bad(*base, "--top-k", "9")
+    assert e.where == "--top-k" and e.problem == "top_k must be in 1..n_experts=8, got 9"
+    assert bad(*base, "--dense-layers", "99").where == "--dense-layers"
