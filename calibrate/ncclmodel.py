@@ -45,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from calib.calibrate import nccltuner
 from numpy.typing import ArrayLike
 
 from calib.core.collective_names import (
@@ -197,17 +198,53 @@ def time_s(
     t_ring = t_ring * _v(params, "ring_step_ratio", shift)
     if "tree_lat_scale" not in params:
         return t_ring, ring
-    if _floats(params).get("tree_from_ring", 0.0) > 0:
+    f = _floats(params)
+    graph = tuner_graph(f, segs)
+    if f.get("tree_from_ring", 0.0) > 0:
         # no tree regime in the samples: NCCL's tree scaled like the (shifted) ring step
         scale, b_tree = tree_from_ring(segs)
-        b_tree *= 1e9
     else:
         scale = max(_v(params, "tree_lat_scale", shift), 0.0)
-        b_tree = max(_v(params, "tree_busbw_gbps", shift, -1.0), 1e-6) * 1e9
-    cont = contention(nodes, _floats(params))
-    t_tree = scale * tree_latency_us(nodes, gpn) * 1e-6 + S * 2.0 * (n - 1.0) / n / b_tree * cont
-    use_tree = t_tree < t_ring
+        b_tree = max(_v(params, "tree_busbw_gbps", shift, -1.0), 1e-6)
+    tables = f.get("tuner", 0.0) > 0
+    t_tree = tree_time_s(S, n, gpn, scale, b_tree, contention(nodes, f), graph, tables=tables)
+    if tables:
+        # NCCL runs what its own cost model picks, not the faster of the two (nccltuner)
+        use_tree = nccltuner.allreduce_choice(S, n, gpn, graph)[0] == "tree"
+    else:
+        use_tree = t_tree < t_ring
     return np.where(use_tree, t_tree, t_ring), np.where(use_tree, "tree", "ring")
+
+
+def tuner_graph(f: Mapping[str, float], segments: Sequence) -> nccltuner.TunerGraph:
+    """NCCL's graph bandwidth for its tuner: the node's NICs from the hardware spec
+    (``tuner_busbw_gbps``), else the fitted ring step plateau."""
+    bus = f.get("tuner_busbw_gbps", 0.0) or segments[-1].busbw_gbps.value
+    return nccltuner.TunerGraph(busbw_gbps=float(bus))
+
+
+def tree_time_s(
+    S, n, gpn: float, scale: float, b_tree_gbps: float, cont, graph, *, tables: bool
+) -> np.ndarray:
+    """NCCL's tree all-reduce: ``scale`` x the tuner's tree latency for the protocol it
+    picks, plus :func:`tree_nic_bytes` at ``b_tree_gbps`` (per NIC direction) x the protocol's share x
+    ``treeCorrectionFactor`` (:func:`nccltuner.tree_parts`), slowed by ``cont``."""
+    _, lat_us, bw_factor = nccltuner.tree_parts(S, n, gpn, graph, tables=tables)
+    nic_bytes = tree_nic_bytes(S, n / gpn)
+    return scale * lat_us * 1e-6 + nic_bytes / (b_tree_gbps * 1e9 * bw_factor) * cont
+
+
+def tree_nic_bytes(nbytes: ArrayLike, nodes: ArrayLike) -> np.ndarray:
+    """Bytes each node's NICs carry per direction in NCCL's double binary tree all-reduce.
+
+    Each of the two trees reduces and broadcasts half the message.  A node interior to one
+    tree (two children) and a leaf of the other receives S/2 from each child and S/2 from
+    its parent in the first, S/2 from its parent in the second: 2 S (and sends 2 S).  With
+    two nodes neither tree has an interior node: S each way.  So a tree bandwidth read
+    from 2-node logs runs half as many bytes through the NIC as any larger tree (the ring
+    carries 2 S (n-1)/n at every scale)."""
+    S, nodes = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(nodes, dtype=float))
+    return S * np.where(nodes > 2.0, 2.0, 1.0)
 
 
 def tree_from_ring(segments: Sequence) -> tuple[float, float]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from calib.calibrate import ncclmodel
+from calib.calibrate import ncclmodel, nccltuner
 from calib.calibrate.calibration import (
     DEFAULT,
     FITTED,
@@ -57,7 +57,9 @@ from calib.core.errors import InputError
 MIN_FIT_BYTES = 256 * 1024.0
 #: an all-reduce size faster than this fraction of the ring's time ran NCCL's tree
 TREE_RATIO = 0.8
-TREE_LAT_TEXT = "2((ppn-1)*4 us + log2i(nodes)*14 us) (tuning.cc hwLat, Simple)"
+#: NCCL's tuner decides ring/tree when it reproduces this fraction of the logged choices
+#: at the fitted scale (sizes >= MIN_FIT_BYTES; a stated default: 9 in 10)
+TUNER_AGREEMENT = 0.9
 S_REF = float(2**30)
 Pair = tuple[CollectiveCurve, SizeSeries]
 
@@ -253,36 +255,52 @@ def _fit_allreduce(
     topo: Mapping[str, float],
     topo_note: str,
 ) -> NetworkScaling:
-    """rho from the sizes the ring explains; (A, B_tree) from those it cannot (the tree's)."""
-    n, S, T = _points(pairs, MIN_FIT_BYTES)
+    """rho from the sizes the ring explains; (A, B_tree) from those it cannot (the tree's);
+    whether NCCL's tuner (:mod:`calibrate.nccltuner`) reproduces the logged choices."""
+    n, S, T = _points(pairs, 0.0)
     ring0 = ncclmodel.ring_steps(ALLREDUCE, n) * ncclmodel.step_time_s(steps.segments, S / n)
     ratio = T / ring0
     is_tree = ratio < TREE_RATIO
-    rr = ratio[~is_tree] if (~is_tree).sum() >= 2 else ratio
+    big = S >= MIN_FIT_BYTES
+    rr = ratio[big & ~is_tree] if (big & ~is_tree).sum() >= 2 else ratio[big]
     rho, se_rho = float(np.median(rr)), float(np.std(rr) / np.sqrt(max(len(rr) - 1, 1)))
-    lat_units = ncclmodel.tree_latency_us(n / gpn, gpn) * 1e-6
-    bus = S * 2.0 * (n - 1.0) / n * 1e-9 * ncclmodel.contention(n / gpn, topo)
+    nic = float(topo.get("node_nic_gbps", 0.0))
+    graph = ncclmodel.tuner_graph({"tuner_busbw_gbps": nic}, steps.segments)
+    tree_choice = nccltuner.allreduce_choice(S[big], n[big], gpn, graph)[0] == "tree"
+    agree = float(np.mean(tree_choice == is_tree[big]))
+    use_tuner = agree >= TUNER_AGREEMENT
+    tree_proto, lat_us, bwf = nccltuner.tree_parts(S, n, gpn, graph, tables=use_tuner)
+    bus = ncclmodel.tree_nic_bytes(S, n / gpn) * 1e-9 * ncclmodel.contention(n / gpn, topo) / bwf
     cap = ncclmodel.NCCL_TREE_BW_FACTOR * steps.segments[-1].busbw_gbps.value
     scales = sorted({int(v) for v in n})
-    tree_note = f"{int(is_tree.sum())} of {len(T)} sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB at {scales} GPUs ran " \
-        f"below {TREE_RATIO} x the ring's time (NCCL's tree)"  # fmt: skip
+    tree_note = f"{int(is_tree.sum())} of {len(T)} sizes at {scales} GPUs ran below {TREE_RATIO} x the " \
+        "ring's time (NCCL's tree)"  # fmt: skip
     extra: dict[str, Param] = {}
-    if is_tree.sum() >= 3:
-
-        def resid(x):
-            return np.log(x[0] * lat_units[is_tree] + bus[is_tree] / x[1]) - np.log(T[is_tree])
-
-        b0 = min(float(np.median(bus[is_tree] / T[is_tree])), 0.9 * cap)
+    lat_what = "tree latency over NCCL's (tuning.cc 2.20.3 tree row of the protocol the tuner picks)"
+    # with the tuner's tables every tree size has its protocol's latency and bandwidth; without
+    # them only Simple-protocol sizes (>= MIN_FIT_BYTES) fit the Simple tree
+    m = is_tree if use_tuner else is_tree & big
+    if m.sum() >= 3:
+        b0 = min(float(np.median(bus[m] / T[m])), 0.9 * cap)
         x, se, _ = _lsq(
-            resid, [5.0, b0], [0.0, 1e-3], [1e4, cap], where, "all-reduce tree", int(is_tree.sum())
-        )
-        at_cap = x[1] >= cap * (1 - 1e-6)
-        lat = _param(x[0], se[0], "", FITTED, f"tree latency over NCCL's {TREE_LAT_TEXT}; {tree_note}")
-        bw = _param(
-            x[1], np.nan if at_cap else se[1], "GB/s", FITTED,
-            f"tree bus bandwidth, at most {ncclmodel.NCCL_TREE_BW_FACTOR} x the ring step plateau (tuning.cc)"
-            + (" -- at that bound" if at_cap else "") + f"; {tree_note}",
+            lambda x: np.log(x[0] * lat_us[m] * 1e-6 + bus[m] / x[1]) - np.log(T[m]),
+            [1.0, b0], [0.0, 1e-3], [1e4, cap], where, "all-reduce tree", int(m.sum()),
         )  # fmt: skip
+        # LL moves 8 of every 16 bytes: only Simple-protocol tree sizes show the tree's bandwidth
+        n_simple = int((m & (tree_proto == "Simple")).sum())
+        unseen = n_simple < 3 or x[1] >= cap * (1 - 1e-6) or not np.isfinite(se[1]) or se[1] > 0.5 * x[1]
+        if unseen:
+            # the tree sizes are latency-bound: their bandwidth is not in the logs
+            x, se, _ = _lsq(
+                lambda x: np.log(x[0] * lat_us[m] * 1e-6 + bus[m] / cap) - np.log(T[m]),
+                [x[0]], [0.0], [1e4], where, "all-reduce tree latency", int(m.sum()),
+            )  # fmt: skip
+            bw = Param(cap, unit="GB/s", status=DEFAULT, note=f"{tree_note}, {n_simple} of them Simple-protocol: default "
+                       f"{ncclmodel.NCCL_TREE_BW_FACTOR} x the ring step plateau (tuning.cc tree busBw x .92)")  # fmt: skip
+        else:
+            bw = _param(x[1], se[1], "GB/s", FITTED, f"tree bus bandwidth (before NCCL's treeCorrectionFactor), "
+                        f"at most {ncclmodel.NCCL_TREE_BW_FACTOR} x the ring step plateau; {tree_note}")  # fmt: skip
+        lat = _param(x[0], se[0], "", FITTED, f"{lat_what}; {tree_note}")
     else:
         # no tree regime in the data: NCCL's own tree model, scaled like the measured ring
         # (its step latency over NCCL's ring Simple hwLat, NET 14 us), busbw 0.92 x ring
@@ -303,17 +321,39 @@ def _fit_allreduce(
             "",
             FITTED,
             "all-reduce ring step over the all-gather ring step "
-            f"(median over the {len(rr)} ring-regime sizes)",
+            f"(median over the {len(rr)} ring-regime sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB)",
         ),  # fmt: skip
         **_topology_params(topo, topo_note),
         "tree_lat_scale": lat,
         "tree_busbw_gbps": bw,
+        "tuner_busbw_gbps": _fixed(
+            graph.busbw_gbps,
+            "NCCL graph bandwidth for its tuner: "
+            + (
+                "the node's NICs (hardware spec node_nic_gbps)"
+                if nic > 0
+                else "no NIC bandwidth in the system spec; default: the ring step plateau"
+            ),
+            unit="GB/s",
+        ),  # fmt: skip
+        "tuner": _fixed(
+            1.0 if use_tuner else 0.0,
+            f"NCCL 2.20.3's tuner (calibrate/nccltuner.py) picks ring/tree as the logs did on {100 * agree:.0f} % "
+            f"of the sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB at {scales} GPUs: "
+            + (
+                "it decides the algorithm"
+                if use_tuner
+                else f"below {100 * TUNER_AGREEMENT:.0f} %, so its tables are not this NCCL's; the faster modelled algorithm is taken"
+            ),
+        ),  # fmt: skip
         **extra,
     }
     ns = _scaling(ALLREDUCE, params, steps, pairs, gpn, derived=False, used="")
-    t_pred, _ = ns.model_time_s(S, n)
-    r = np.log(t_pred) - np.log(T)
-    q = _quality(r, np.log(T), f"min(ring, tree) on sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB at {scales} GPUs")
+    t_pred, _ = ns.model_time_s(S[big], n[big])
+    r = np.log(t_pred) - np.log(T[big])
+    q = _quality(
+        r, np.log(T[big]), f"ring or tree as chosen, sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB at {scales} GPUs"
+    )
     from dataclasses import replace
 
     return replace(ns, quality=q)
