@@ -187,7 +187,7 @@ def offload_search(model, system, gpus, global_batch: int, space, top: int = 10,
     df = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
     if df.empty:
         return df, n_valid, n_fit
-    df["gpus"] = df["tp"] * df["pp"] * df["dp"]
+    df["gpus"] = df["tp"] * df.get("cp", 1) * df["pp"] * df["dp"]  # CP: analytic.modern
     df["mfu_offload"] = df["mfu"] * df["iter_s"] / df["iter_offload_s"]
     df["hbm_gb"] = df.pop("hbm_bytes") / 1e9
     df["offload_gib"] = df.pop("offload_bytes") / 2**30

@@ -20,6 +20,7 @@ import pandas as pd
 from calib.analytic import formulas as F
 from calib.analytic.interval import iter_interval
 from calib.analytic.memory import overflow_term
+from calib.analytic.modern import check_modern, stack_notes
 from calib.analytic.specs import ModelSpec
 from calib.analytic.strategy import Strategies, check_config
 from calib.analytic.timemodel import TIME_KEYS, System, evaluate
@@ -41,6 +42,14 @@ class Plan:
     interleave: int = 1
     dp_overlap: bool = False
     flash_attention: bool = False
+    cp: int = 1  # context-parallel size
+    ep: int = 1  # expert-parallel size
+    cp_kind: int = 0  # 0 ring attention, 1 Ulysses
+    fp8: bool = False
+    schedule: int = 0  # 0 1F1B / interleaved, 1 ZB-H1, 2 DualPipe
+    dist_opt: bool = False
+    tp_overlap: bool = False
+    master: int = 0  # master weights: 0 fp32, 1 bf16
 
 
 @dataclass(frozen=True)
@@ -58,24 +67,28 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     gpus = sorted(set(gpus))
     dps, batches = [], []
     for n in gpus:
-        B = plan.global_batch or plan.micro_batch * (n // (plan.tp * plan.pp) or 1)
+        B = plan.global_batch or plan.micro_batch * (n // (plan.tp * plan.cp * plan.pp) or 1)
         dps.append(check_config(model, n, plan.tp, plan.pp, plan.micro_batch, B, plan.interleave, plan.zero,
-                                plan.recompute, plan.seq_parallel))  # fmt: skip
+                                plan.recompute, plan.seq_parallel, plan.cp))  # fmt: skip
         batches.append(B)
     st = Strategies.of(
         tp=np.full(len(gpus), plan.tp), pp=np.full(len(gpus), plan.pp), dp=np.array(dps),
         micro_batch=np.full(len(gpus), plan.micro_batch), global_batch=np.array(batches),
         interleave=plan.interleave, zero=plan.zero, recompute=plan.recompute,
         seq_parallel=plan.seq_parallel, dp_overlap=plan.dp_overlap, flash_attention=plan.flash_attention,
+        cp=plan.cp, ep=plan.ep, cp_kind=plan.cp_kind, fp8=plan.fp8, schedule=plan.schedule,
+        dist_opt=plan.dist_opt, tp_overlap=plan.tp_overlap, master=plan.master,
     )  # fmt: skip
+    for i in range(len(gpus)):
+        check_modern(model, system.hw, st, i)
     r = evaluate(model, system, st)
     n = np.array(gpus, dtype=float)
     df = pd.DataFrame({
-        "gpus": gpus, "tp": plan.tp, "pp": plan.pp, "dp": dps, "zero": plan.zero,
+        "gpus": gpus, "tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "pp": plan.pp, "dp": dps, "zero": plan.zero,
         "micro_batch": plan.micro_batch, "microbatches": r["microbatches"].astype(int), "global_batch": batches,
         "iter_s": r["iter_s"],
     })  # fmt: skip
-    for k in (*TIME_KEYS, "dp_allreduce_s", "dp_allgather_s", "dp_reducescatter_s", "compute_s", "comm_s",
+    for k in (*TIME_KEYS, "ep_cp_s", "dp_allreduce_s", "dp_allgather_s", "dp_reducescatter_s", "compute_s", "comm_s",
               "comm_exposed_s", "comm_overlapped_s"):  # fmt: skip
         df[k] = np.broadcast_to(r[k], n.shape)
     for k in ("weights", "grads", "optimizer", "activations", "total"):
@@ -88,7 +101,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     df["hw_tflops_per_gpu"] = r["hw_tflops_per_gpu"]
     df["mfu"] = r["mfu"]
     df = df.assign(**scaling(df))
-    notes = [f"scaling relative to {gpus[0]} GPUs"]
+    notes = [f"scaling relative to {gpus[0]} GPUs", *stack_notes(model, plan, system)]
     band = iter_interval(model, system, st, df["iter_s"].to_numpy())
     if band is not None:
         df.insert(df.columns.get_loc("iter_s") + 1, "iter_s_lo", band[0])

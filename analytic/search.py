@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 from calib.analytic.interval import iter_interval
 from calib.analytic.specs import ModelSpec
 from calib.analytic.strategy import Strategies
-from calib.analytic.timemodel import System, evaluate
+from calib.analytic.timemodel import System, comm_times, evaluate
 
 CHUNK_STRATEGIES = 1 << 20  # strategies per evaluation chunk (bounds memory to ~1 GB)
 
@@ -47,40 +47,80 @@ class Space:
     interleave: bool = True
     max_tp: int | None = None
     flash_attention: bool = False
+    #: today's stacks: CP sizes and kind, EP sizes (None: every divisor of the experts,
+    #: 1 for a dense model), pipeline schedules (codes of analytic.bubble), FP8, the
+    #: distributed optimizer in place of ZeRO-1, TP overlap, master weights (0 fp32, 1 bf16)
+    cp: tuple[int, ...] = (1,)
+    cp_kind: int = 0
+    ep: tuple[int, ...] | None = None
+    schedules: tuple[int, ...] = (0,)
+    fp8: bool = False
+    dist_opt: bool = False
+    tp_overlap: bool = False
+    master: int = 0
+    #: PP sizes that do not divide the layers (analytic.uneven: extra layers on the first stages)
+    uneven_pp: bool = False
 
 
 def layouts(
     model: ModelSpec, gpus: int | Sequence[int], global_batch: int, space: Space = Space()
 ) -> dict[str, np.ndarray]:
-    """Every valid (t, p, d, b, v) for every GPU count, as 1-D int arrays (N-major order).
+    """Every valid (t, c, p, d, b, v, schedule, e) for every GPU count, as 1-D int arrays.
 
-    Candidates: t among the divisors of the heads, p of the layers, b of the batch, v of
-    the layers; one broadcast mask per step keeps those that divide what they must.
+    Candidates: t among the divisors of the heads, c among ``space.cp`` (2c | s; Ulysses:
+    t c | a), p of the layers, b of the batch, v of the layers, e among the EP sizes
+    (e | experts, e | t c d); one broadcast mask per step keeps those that divide what
+    they must.  Schedules: 1F1B with every v; ZB-H1 (m >= p) and DualPipe (p even,
+    m >= 2p) with v = 1.
     """
     N = np.atleast_1d(np.asarray(gpus, dtype=np.int64))
-    B, L, a = int(global_batch), model.n_layers, model.n_heads
+    B, L, a, S = int(global_batch), model.n_layers, model.n_heads, model.seq_len
     td = divisors(a)
     td = td[td <= (space.max_tp or td.max())]
-    pdv = divisors(L)
-    n3, t3, p3 = np.meshgrid(N, td, pdv, indexing="ij")
-    ok = n3 % (t3 * p3) == 0
-    n1, t1, p1 = n3[ok], t3[ok], p3[ok]
-    d1 = n1 // (t1 * p1)
+    cd = np.array(sorted(set(space.cp)), dtype=np.int64)
+    pdv = np.arange(1, L + 1) if space.uneven_pp else divisors(L)
+    n4, t4, c4, p4 = np.meshgrid(N, td, cd, pdv, indexing="ij")
+    ok = (n4 % (t4 * c4 * p4) == 0) & ((c4 == 1) | (S % (2 * c4) == 0))
+    if space.cp_kind == 1:
+        ok &= a % (t4 * c4) == 0
+    n1, t1, c1, p1 = n4[ok], t4[ok], c4[ok], p4[ok]
+    d1 = n1 // (t1 * c1 * p1)
     ok = B % d1 == 0
-    n1, t1, p1, d1 = n1[ok], t1[ok], p1[ok], d1[ok]
+    n1, t1, c1, p1, d1 = n1[ok], t1[ok], c1[ok], p1[ok], d1[ok]
     bd = divisors(B)
     ok = (B // d1)[:, None] % bd[None, :] == 0
     i, jb = np.nonzero(ok)
     bb = bd[jb]
     m = B // (d1[i] * bb)
     vd = divisors(L) if space.interleave else np.array([1])
+    # (v, schedule) pairs: 1F1B with every v, ZB-H1 / DualPipe with v = 1
+    sch = np.array(sorted(set(space.schedules)), dtype=np.int64)
+    pv = np.concatenate([vd if 0 in sch else vd[:0], np.ones(int(np.sum(sch > 0)), dtype=np.int64)])
+    ps = np.concatenate([np.zeros(vd.size if 0 in sch else 0, dtype=np.int64), sch[sch > 0]])
     p_i = p1[i]
-    ok = (vd[None, :] == 1) | (
-        (p_i[:, None] > 1) & ((L // p_i)[:, None] % vd[None, :] == 0) & ((m % p_i)[:, None] == 0)
+    ok = (ps[None, :] == 0) & (
+        (pv[None, :] == 1)
+        | (
+            (p_i[:, None] > 1)
+            & ((L % p_i)[:, None] == 0)
+            & ((L // p_i)[:, None] % pv[None, :] == 0)
+            & ((m % p_i)[:, None] == 0)
+        )
     )
+    ok |= (ps[None, :] == 1) & (p_i[:, None] > 1) & (m[:, None] >= p_i[:, None])
+    ok |= (ps[None, :] == 2) & (p_i[:, None] > 1) & (p_i[:, None] % 2 == 0) & (m[:, None] >= 2 * p_i[:, None])
     k, jv = np.nonzero(ok)
     sel = i[k]
-    return {"tp": t1[sel], "pp": p1[sel], "dp": d1[sel], "micro_batch": bb[k], "interleave": vd[jv]}
+    out = {"tp": t1[sel], "cp": c1[sel], "pp": p1[sel], "dp": d1[sel], "micro_batch": bb[k],
+           "interleave": pv[jv], "schedule": ps[jv]}  # fmt: skip
+    E = int(getattr(model, "n_experts", 0) or 0)
+    ed = np.array(sorted(set(space.ep)) if space.ep else (divisors(E) if E else [1]), dtype=np.int64)
+    fold = out["tp"] * out["cp"] * out["dp"]
+    ok = (fold[:, None] % ed[None, :] == 0) & ((E % ed[None, :] == 0) if E else (ed[None, :] == 1))
+    r, je = np.nonzero(ok)
+    out = {key: val[r] for key, val in out.items()}
+    out["ep"] = ed[je]
+    return out
 
 
 #: option axes of the search grid, after the layout axis 0
@@ -108,11 +148,15 @@ def _col(x: np.ndarray) -> np.ndarray:
     return x.reshape((-1,) + (1,) * len(OPTION_AXES))
 
 
-def option_mask(lay: dict[str, np.ndarray], opt: dict[str, np.ndarray]) -> np.ndarray:
+def option_mask(lay: dict[str, np.ndarray], opt: dict[str, np.ndarray], dist_opt: bool = False) -> np.ndarray:
     """Validity over the grid: no duplicates, nothing the frameworks cannot run."""
-    t, p, d = (_col(lay[k]) for k in ("tp", "pp", "dp"))
+    t, p, d, c = (_col(lay[k]) for k in ("tp", "pp", "dp", "cp"))
     z, sp, ov = opt["zero"], opt["seq_parallel"], opt["dp_overlap"]
-    return ((z == 0) | (d > 1)) & ((z <= 1) | (p == 1)) & (~sp | (t > 1)) & (~ov | (d > 1))
+    dc = d * c  # the dense gradients are reduced over DP x CP
+    ok = ((z == 0) | (dc > 1)) & ((z <= 1) | (p == 1)) & (~sp | (t > 1)) & (~ov | (dc > 1))
+    if dist_opt:
+        ok &= z != 0  # the distributed optimizer replaces ZeRO-1; plain DDP stays as ZeRO-0
+    return ok
 
 
 @dataclass(frozen=True)
@@ -154,21 +198,61 @@ def search(
     t0 = time.perf_counter()
     gpus = [gpus] if isinstance(gpus, (int, np.integer)) else sorted(set(int(g) for g in gpus))
     lay = layouts(model, gpus, global_batch, space)
-    opt = options(space)
+    moe = bool(getattr(model, "n_experts", 0))
+    # Megatron-Core MoE with TP splits the tokens over TP: sequence parallelism is not a
+    # choice there but SP = (TP > 1), set per layout (no SP axis: half the grid)
+    sp_space = replace(space, seq_parallel=(False,)) if moe else space
+    comm_all = _layout_comm(model, system, lay, global_batch, space)
+    picks: list[dict[str, np.ndarray]] = []
+    n_valid = n_fit = 0
+    # ZeRO-2/3 need PP = 1: layouts with PP > 1 get the ZeRO-0/1 option table (half the grid)
+    multi = lay["pp"] > 1
+    low = tuple(z for z in space.zero if z <= 1)
+    for sel, zeros in ((~multi, space.zero), (multi, low)):
+        if not zeros or not np.any(sel):
+            continue
+        lay_g = {k: v[sel] for k, v in lay.items()}
+        comm_g = None if comm_all is None else {k: v[sel] for k, v in comm_all.items()}
+        opt = options(replace(sp_space, zero=zeros))
+        nv, nf = _scan(model, system, lay_g, comm_g, opt, global_batch, space, moe, max(top, 1), picks, objective,
+                       power)  # fmt: skip
+        n_valid, n_fit = n_valid + nv, n_fit + nf
+    if not picks:
+        empty = pd.DataFrame()
+        return SearchResult(empty, empty, n_valid, n_fit, time.perf_counter() - t0)
+    cand = {k: np.concatenate([p[k] for p in picks]) for k in picks[0]}
+    if moe:
+        cand["seq_parallel"] = cand["tp"] > 1
+    table = detail(model, system, cand, global_batch, space, power)
+    order = {"time": "iter_s", "energy": "energy_j_per_token", "cost": "gpu_s_per_token"}[objective]
+    table = table.sort_values([order, "iter_s", "mem_total_gb"], kind="stable").reset_index(drop=True)
+    per_gpus = table.groupby("gpus", sort=True).head(1).sort_values("gpus").reset_index(drop=True)
+    ranked = table.head(top).reset_index(drop=True)
+    ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
+    return SearchResult(ranked, per_gpus, n_valid, n_fit, time.perf_counter() - t0)
+
+
+def _scan(model, system, lay, comm_all, opt, B, space, moe, keep, picks, objective="time", power=None):
+    """Evaluate the (layouts x options) grid in chunks; append the candidates to ``picks``:
+    the ``keep`` fastest and the fastest of every GPU count.  Returns (valid, fitting) counts."""
     n_opt = int(np.prod([opt[k].size for k in OPTION_AXES]))
     step = max(1, CHUNK_STRATEGIES // max(n_opt, 1) // (1 if objective == "time" else 8))
-    keep = max(top, 1)
-    picks: list[dict[str, np.ndarray]] = []
     n_valid = n_fit = 0
     for lo in range(0, lay["tp"].size, step):  # chunks of layouts, not strategies
         sl = {k: v[lo : lo + step] for k, v in lay.items()}
         n_lay = sl["tp"].size
         grid = (n_lay, *(opt[k].size for k in OPTION_AXES))
-        mask = option_mask(sl, opt)
-        sts = _strategies(sl, opt, global_batch, space)
-        r = evaluate(model, system, sts, lean=objective in ("time", "cost"))
-        w = E.work_of(model, system, sts, r) if objective == "energy" else None
-        key = E.objective_values(objective, power, w, r, sts.gpus, global_batch * model.seq_len)
+        mask = option_mask(sl, opt, space.dist_opt)
+        comm = None if comm_all is None else {k: _col(v[lo : lo + step]) for k, v in comm_all.items()}
+        sts = _strategies(sl, opt, B, space, moe)
+        r = evaluate(model, system, sts, comm=comm, lean=objective in ("time", "cost"))
+        if objective == "time":
+            key = r["iter_s"]
+        else:
+            from calib.analytic import energy as E
+
+            w = E.work_of(model, system, sts, r) if objective == "energy" else None
+            key = E.objective_values(objective, power, w, r, sts.gpus, B * model.seq_len)
         score = np.where(mask & ~r["oom"], key, np.inf)
         score = np.broadcast_to(score, grid).reshape(n_lay, -1)
         n_valid += int(np.count_nonzero(np.broadcast_to(mask, grid)))
@@ -180,7 +264,7 @@ def search(
         # the best strategy of every GPU count: per-layout minimum, then per count
         opt_best = score.argmin(axis=1)
         lay_best = score[np.arange(n_lay), opt_best]
-        n_of = sl["tp"] * sl["pp"] * sl["dp"]
+        n_of = sl["tp"] * sl["cp"] * sl["pp"] * sl["dp"]
         order = np.lexsort((lay_best, n_of))
         first = order[np.r_[True, np.diff(n_of[order]) != 0]]
         first = first[np.isfinite(lay_best[first])]
@@ -194,38 +278,56 @@ def search(
                 **{k: opt[k].ravel()[idx[a]] for a, k in enumerate(OPTION_AXES, 1)},
             }
         )
-    if not picks:
-        empty = pd.DataFrame()
-        return SearchResult(empty, empty, n_valid, n_fit, time.perf_counter() - t0)
-    cand = {k: np.concatenate([p[k] for p in picks]) for k in picks[0]}
-    table = detail(model, system, cand, global_batch, space, power)
-    order = {"time": "iter_s", "energy": "energy_j_per_token", "cost": "gpu_s_per_token"}[objective]
-    table = table.sort_values([order, "iter_s", "mem_total_gb"], kind="stable").reset_index(drop=True)
-    per_gpus = table.groupby("gpus", sort=True).head(1).sort_values("gpus").reset_index(drop=True)
-    ranked = table.head(top).reset_index(drop=True)
-    ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
-    return SearchResult(ranked, per_gpus, n_valid, n_fit, time.perf_counter() - t0)
+    return n_valid, n_fit
 
 
-def _strategies(sl: dict, opt: dict, B: int, space: Space) -> Strategies:
+def _strategies(sl: dict, opt: dict, B: int, space: Space, moe: bool = False) -> Strategies:
+    o = dict(opt)
+    if moe:
+        o["seq_parallel"] = opt["seq_parallel"] | _col(sl["tp"] > 1)
     return Strategies.of(
-        tp=_col(sl["tp"]), pp=_col(sl["pp"]), dp=_col(sl["dp"]), micro_batch=_col(sl["micro_batch"]),
-        global_batch=B, interleave=_col(sl["interleave"]), flash_attention=space.flash_attention,
-        **{k: opt[k] for k in OPTION_AXES},
+        **{k: _col(v) for k, v in sl.items()}, global_batch=B, **_space_knobs(space, opt["zero"]),
+        **{k: o[k] for k in OPTION_AXES},
     )  # fmt: skip
+
+
+COMM_KEYS = ("tp", "cp", "pp", "dp", "micro_batch", "ep")  # what the communication terms depend on
+
+
+def _layout_comm(model, system: System, sl: dict, B: int, space: Space) -> dict[str, np.ndarray] | None:
+    """Communication terms once per distinct (t, c, p, d, b, e): layouts that differ only in
+    interleaving or schedule share them.  One int64 mixed-radix key, one sort."""
+    cols = [sl[k].astype(np.int64) for k in COMM_KEYS]
+    radix = [int(c.max()) + 1 for c in cols]
+    if not cols[0].size or float(np.prod([float(r) for r in radix])) >= 2.0**62:
+        return None  # let evaluate compute them per layout
+    key = cols[0]
+    for c, r in zip(cols[1:], radix[1:], strict=True):
+        key = key * r + c
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    sub = Strategies.of(**{k: sl[k][first] for k in sl}, global_batch=B, **_space_knobs(space, 1))
+    c = comm_times(model, system, sub)
+    return {k: np.broadcast_to(v, first.shape)[inv.ravel()] for k, v in c.items()}
+
+
+def _space_knobs(space: Space, zero) -> dict:
+    """The scalar knobs of a search space (the distributed optimizer stands in for ZeRO-1)."""
+    return {"flash_attention": space.flash_attention, "cp_kind": space.cp_kind, "fp8": space.fp8,
+            "dist_opt": np.asarray(zero) == 1 if space.dist_opt else False, "tp_overlap": space.tp_overlap,
+            "master": space.master}  # fmt: skip
 
 
 def detail(
     model: ModelSpec, system: System, cand: dict[str, np.ndarray], B: int, space: Space, power=None
 ) -> pd.DataFrame:
     """Full evaluation of a few chosen strategies (1-D), as a table."""
-    st = Strategies.of(**cand, global_batch=B, flash_attention=space.flash_attention)
+    st = Strategies.of(**cand, global_batch=B, **_space_knobs(space, cand["zero"]))
     r = evaluate(model, system, st)
-    df = pd.DataFrame({"gpus": cand["tp"] * cand["pp"] * cand["dp"], **cand})
+    df = pd.DataFrame({"gpus": cand["tp"] * cand["cp"] * cand["pp"] * cand["dp"], **cand})
     df.insert(df.columns.get_loc("micro_batch") + 1, "microbatches", B // (cand["dp"] * cand["micro_batch"]))
     n = len(df)
     for key in ("iter_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "compute_s", "comm_exposed_s",
-                "comm_overlapped_s", "bubble_s", "tp_s", "pp_s"):  # fmt: skip
+                "comm_overlapped_s", "bubble_s", "tp_s", "pp_s", "ep_cp_exposed_s"):  # fmt: skip
         df[key.replace("model_", "")] = np.broadcast_to(r[key], (n,))
     df["dp_exposed_s"] = (
         r["dp_allreduce_exposed_s"] + r["dp_allgather_exposed_s"] + r["dp_reducescatter_exposed_s"]

@@ -55,6 +55,15 @@ class ModelSpec:
     kv_heads: int | None = None
     mlp: str = "gelu"
     tied_embeddings: bool = True
+    #: mixture of experts (analytic.moe): routed experts (0 = dense), experts per token,
+    #: expert MLP width (default ffn), shared experts, leading dense layers, capacity
+    #: factor (None = dropless)
+    n_experts: int = 0
+    top_k: int = 0
+    expert_ffn: int | None = None
+    shared_experts: int = 0
+    dense_layers: int = 0
+    capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         who = self.name or "model"
@@ -73,6 +82,7 @@ class ModelSpec:
             raise InputError(who, f"mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
         if not isinstance(self.tied_embeddings, bool):
             raise InputError(who, f"tied_embeddings must be true or false, got {self.tied_embeddings!r}")
+        _check_moe(self, who)
 
     @property
     def ffn_size(self) -> int:
@@ -89,6 +99,27 @@ class ModelSpec:
     @property
     def shape_extras(self) -> dict:
         return {"ffn": self.ffn_size, "kv": self.kv_head_count, "mlp": self.mlp, "tied": self.tied_embeddings}
+
+
+def _check_moe(m: ModelSpec, who: str) -> None:
+    for f in ("n_experts", "top_k", "shared_experts", "dense_layers"):
+        v = getattr(m, f)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_COUNT:
+            raise InputError(who, f"{f} must be a non-negative integer, got {_short(v)}")
+    ef = m.expert_ffn
+    if ef is not None and (not isinstance(ef, int) or isinstance(ef, bool) or not 1 <= ef <= MAX_COUNT):
+        raise InputError(who, f"expert_ffn must be a positive integer, got {_short(ef)}")
+    if m.n_experts and not 1 <= m.top_k <= m.n_experts:
+        raise InputError(who, f"top_k must be in 1..n_experts={m.n_experts}, got {m.top_k}")
+    if not m.n_experts and (m.top_k or m.shared_experts or m.dense_layers):
+        raise InputError(who, "top_k, shared_experts and dense_layers need n_experts > 0")
+    if m.dense_layers >= m.n_layers and m.n_experts:
+        raise InputError(who, f"dense_layers {m.dense_layers} leaves no MoE layer of {m.n_layers}")
+    cf = m.capacity_factor
+    if cf is not None and (not _number(cf) or not 1 <= cf < float("inf")):
+        raise InputError(
+            who, f"capacity_factor must be a number >= 1 (or absent: dropless), got {_short(cf)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -133,12 +164,16 @@ class HardwareSpec:
     nodes_per_group: int = 0  # nodes in one dragonfly group / under one leaf switch
     global_taper: float = 1.0  # upper-level bandwidth per node over its injection bandwidth
     topology_note: str = ""
+    peak_fp8_tflops: float | None = None  # dense FP8 tensor-core peak per GPU (None: no FP8)
     #: host / CPU offload memory per GPU (Calculon's offload tier; 0 = none) and its per-direction bandwidth
     offload_gb: float = 0.0
     offload_gbps: float = 0.0
 
     def __post_init__(self) -> None:
         who = self.name or "hardware"
+        v8 = self.peak_fp8_tflops
+        if v8 is not None and (not _number(v8) or not v8 > 0):
+            raise InputError(who, f"peak_fp8_tflops must be a positive number, got {_short(v8)}")
         for f in ("offload_gb", "offload_gbps"):
             v = getattr(self, f)
             if not _number(v) or v < 0:
@@ -245,7 +280,10 @@ def _build(cls: type, where: str | Path, name: str, entry: Any, extra: dict[str,
     known = {f.name for f in fields(cls)}
     data = {**(extra or {}), **{k: v for k, v in entry.items() if k in known}}
     data.setdefault("name", name)
-    unknown = sorted(set(entry) - known - {"aliases", "family"})
+    # per-number sources and notes ("peak_fp8_source") are documentation, not fields
+    unknown = sorted(
+        k for k in set(entry) - known - {"aliases", "family"} if not k.endswith(("_source", "_note"))
+    )
     if unknown:
         raise InputError(
             where,

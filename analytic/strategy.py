@@ -15,6 +15,8 @@ from calib.analytic.specs import ModelSpec
 
 from calib.core.errors import InputError
 
+BOOL_FIELDS = ("seq_parallel", "dp_overlap", "flash_attention", "fp8", "dist_opt", "tp_overlap")
+
 
 @dataclass(frozen=True)
 class Strategies:
@@ -38,23 +40,44 @@ class Strategies:
     seq_parallel: np.ndarray
     dp_overlap: np.ndarray
     flash_attention: np.ndarray
+    # today's stacks (analytic.moe, .context, .precision, .bubble, .overlap): context- and
+    # expert-parallel sizes, CP kind (0 ring, 1 Ulysses), FP8 GEMMs, pipeline schedule
+    # (0 1F1B/interleaved, 1 ZB-H1, 2 DualPipe), distributed optimizer (ZeRO-1 with
+    # reduce-scatter + all-gather), TP communication overlap, master weights (0 fp32, 1 bf16)
+    cp: np.ndarray
+    ep: np.ndarray
+    cp_kind: np.ndarray
+    fp8: np.ndarray
+    schedule: np.ndarray
+    dist_opt: np.ndarray
+    tp_overlap: np.ndarray
+    master: np.ndarray
 
     @classmethod
     def of(cls, **kw) -> Strategies:
         defaults = {
             "interleave": 1, "zero": 0, "recompute": 0, "seq_parallel": False, "dp_overlap": False,
-            "flash_attention": False,
+            "flash_attention": False, "cp": 1, "ep": 1, "cp_kind": 0, "fp8": False, "schedule": 0,
+            "dist_opt": False, "tp_overlap": False, "master": 0,
         }  # fmt: skip
         vals = {**defaults, **kw}
         out = {}
         for f in fields(cls):
-            dtype = bool if f.name in ("seq_parallel", "dp_overlap", "flash_attention") else np.int64
+            dtype = bool if f.name in BOOL_FIELDS else np.int64
             out[f.name] = np.asarray(vals[f.name], dtype=dtype)
         return cls(**out)
 
     @property
     def gpus(self) -> np.ndarray:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def is_modern(self) -> bool:
+        """Any of CP, EP, FP8, a zero-bubble/DualPipe schedule, the distributed optimizer or TP overlap."""
+        return bool(
+            np.any(self.cp > 1) or np.any(self.ep > 1) or np.any(self.fp8) or np.any(self.schedule > 0)
+            or np.any(self.dist_opt) or np.any(self.tp_overlap) or np.any(self.master > 0)
+        )  # fmt: skip
 
     @property
     def microbatches(self) -> np.ndarray:
@@ -81,6 +104,7 @@ def check_config(
     zero: int = 0,
     recompute: int = 0,
     seq_parallel: bool = False,
+    cp: int = 1,
 ) -> int:
     """Validate one configuration; return its DP size.  Raise InputError naming the rule."""
     where = f"{gpus} GPUs"
@@ -102,8 +126,11 @@ def check_config(
         raise InputError(
             "tp", f"TP={tp} does not divide the {model.n_heads} attention heads of {model.label}"
         )
-    if gpus % (tp * pp):
-        raise InputError("gpus", f"{gpus} GPUs are not divisible by TP x PP = {tp} x {pp} = {tp * pp}")
+    if cp < 1:
+        raise InputError("cp", f"must be a positive integer, got {cp}")
+    if gpus % (tp * cp * pp):
+        what = f"TP x CP x PP = {tp} x {cp} x {pp}" if cp > 1 else f"TP x PP = {tp} x {pp}"
+        raise InputError("gpus", f"{gpus} GPUs are not divisible by {what} = {tp * cp * pp}")
     if pp > model.n_layers or (interleave > 1 and model.n_layers % pp):  # uneven stages: analytic.uneven
         raise InputError(
             "pp",
@@ -111,7 +138,7 @@ def check_config(
             + ("exceeds" if pp > model.n_layers else "with interleaving must divide")
             + f" the {model.n_layers} layers of {model.label}",
         )
-    dp = gpus // (tp * pp)
+    dp = gpus // (tp * cp * pp)
     if global_batch % (dp * micro_batch):
         raise InputError(
             "global_batch",
@@ -151,4 +178,6 @@ def valid_mask(model, st: Strategies) -> np.ndarray:
     ok &= (v == 1) | ((pp > 1) & (L % pp == 0) & ((L // pp) % v == 0) & (m % pp == 0))
     ok &= (z <= 1) | (pp == 1)
     ok &= ~st.seq_parallel | (tp > 1)
-    return ok
+    from calib.analytic.modern import valid_mask_modern
+
+    return ok & valid_mask_modern(model, st, m)

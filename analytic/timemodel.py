@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from calib.analytic import device_path as DP
 from calib.analytic import formulas as F
+from calib.analytic import modern as X
 from calib.analytic import uneven as U
 from calib.analytic import zero_overlap as ZO
 from calib.analytic.bubble import pipeline_time_s
@@ -46,7 +47,7 @@ VECTOR_PASSES = 5.0  # HBM traversals of the activation bytes by element-wise ke
 #: output columns in display order (all per iteration, per GPU unless named otherwise)
 TIME_KEYS = (
     "kernel_transformer_s", "kernel_other_s", "dispatch_intra_s", "dispatch_inter_s",
-    "tp_s", "pp_s", "dp_allreduce_exposed_s", "dp_allgather_exposed_s", "dp_reducescatter_exposed_s",
+    "tp_s", "pp_s", "ep_cp_exposed_s", "dp_allreduce_exposed_s", "dp_allgather_exposed_s", "dp_reducescatter_exposed_s",
     "bubble_s", "optimizer_s",
 )  # fmt: skip
 
@@ -174,20 +175,28 @@ def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) 
         np.asarray(x, dtype=float) for x in (model.d_model, model.n_layers, model.seq_len, model.vocab)
     )
     t, p, dp, b = (x.astype(float) for x in (st.tp, st.pp, st.dp, st.micro_batch))
-    act_bytes = F.BYTES_PER_VALUE * b * s * d
+    ffn, kv_frac, mats, tied = shape_terms(model)
+    s_loc, ffn_c, _ = X.local_shape(model, st, s, ffn)
+    act_bytes = F.BYTES_PER_VALUE * b * s_loc * d
     k_tp = members_per_node(t, 1, gpn)
-    k_pp = members_per_node(2, t * dp, gpn)
-    k_dp = members_per_node(dp, t, gpn)
-    grad_bytes = BYTES_GRAD * stage_params(d, L, s, V, t, p, *shape_terms(model))
+    k_pp = members_per_node(2, t * st.cp * dp, gpn)
+    shared, routed = X.moe_params(model, d, t, p, st.ep, mats)
+    grad_bytes = BYTES_GRAD * (stage_params(d, L, s, V, t, p, ffn_c, kv_frac, mats, tied) + shared)
+    exp_bytes = BYTES_GRAD * routed
+
+    def dp_t(coll):
+        return X.dp_time_s(cal, gpn, coll, grad_bytes, exp_bytes, st)
+
     return {
+        **X.comm_extra(model, cal, gpn, st, b, s, d, kv_frac),
         "tp_ar_s": group_time_s(cal, ALLREDUCE, act_bytes, t, k_tp),
         "tp_ag_s": group_time_s(cal, ALLGATHER, act_bytes, t, k_tp),
         "tp_rs_s": group_time_s(cal, REDUCESCATTER, act_bytes, t, k_tp),
         "pp_p2p_s": group_time_s(cal, SENDRECV, act_bytes / t, np.where(p > 1, 2.0, 1.0), k_pp),
-        "dp_ar_s": group_time_s(cal, ALLREDUCE, grad_bytes, dp, k_dp),
-        "dp_ag_s": group_time_s(cal, ALLGATHER, grad_bytes, dp, k_dp),
-        "dp_rs_s": group_time_s(cal, REDUCESCATTER, grad_bytes, dp, k_dp),
-        "dp_reduce_s": group_time_s(cal, REDUCE, grad_bytes, dp, k_dp),  # DeepSpeed ZeRO-2 issues reduces
+        "dp_ar_s": dp_t(ALLREDUCE),
+        "dp_ag_s": dp_t(ALLGATHER),
+        "dp_rs_s": dp_t(REDUCESCATTER),
+        "dp_reduce_s": dp_t(REDUCE),  # DeepSpeed ZeRO-2 issues reduces
     }
 
 
@@ -223,29 +232,37 @@ def evaluate(
     full = rc == F.FULL
 
     # ranks sharing a node's compute slots run everything that much slower (1 on GPUs)
-    share = system.node_share(t * p * dp)
+    share = system.node_share(t * st.cp * p * dp)
     vec_passes = 0.0 if system.k2_covers_other_kernels else system.vector_passes
 
     # ---- compute, per layer and per micro-batch ----------------------------------------
+    # (s_loc: the s / CP tokens of a GPU; ffn_c: dense MLP width averaged over MoE layers)
     ffn, kv_frac, mats, tied = shape_terms(model)
-    f_fwd = F.forward_flops_layer(b, s, d, ffn, kv_frac, mats) / t
-    f_train = F.training_flops_layers(b, s, d, 1.0, rc, ffn, kv_frac, mats) / t
-    f_head = F.lm_head_flops(b, s, d, V) / t
+    s_loc, ffn_c, flash = X.local_shape(model, st, s, ffn)
+    f_fwd = F.forward_flops_layer(b, s_loc, d, ffn_c, kv_frac, mats) / t
+    f_train = F.training_flops_layers(b, s_loc, d, 1.0, rc, ffn_c, kv_frac, mats) / t
+    f_head = F.lm_head_flops(b, s_loc, d, V) / t
+    attn_fwd = X.attn_fwd_flops(b, s_loc, d, t)
+    attn_x = X.cp_attention_extra_flops(b, s_loc, d, t, st.cp, rc)
     dm = system.device_model
     if dm is not None:  # the physical device model fitted from GPU traces
         fam, fam_note = dm.family(model.shape_extras["mlp"])
-        sh = DP.shape_of(model)
-        lt = DP.layer_terms(dm, fam, sh, b, t, sp, rc, st.flash_attention)
+        sh = replace(DP.shape_of(model), s=s_loc, ffn=ffn_c)
+        lt = DP.layer_terms(dm, fam, sh, b, t, sp, rc, flash)
         ht = DP.head_terms(dm, fam, sh, b, t)
         layer_tr, layer_kernel = share * lt["transformer"], share * (lt["transformer"] + lt["stream"])
         head_tr, head_kernel = share * ht["transformer"], share * (ht["transformer"] + ht["stream"])
         layer_compute, head_compute = layer_kernel, head_kernel
         eff = f_train / np.maximum(lt["transformer"], 1e-30) / peak
+        k1 = k2 = 1.0
     else:
         x = f_fwd / 6.0  # mean FLOPs of the six forward matmuls of a layer
         eff, k1, k2 = cal.gemm_efficiency(x), cal.k1(x), cal.k2(x)
-        vec_bytes = F.vector_traffic_bytes_layer(b, s, d, a, t, sp, rc, st.flash_attention, vec_passes)
-        layer_tr = share * (f_train / (peak * eff) + vec_bytes / (hw.hbm_tbps * 1e12))
+        vec_bytes = F.vector_traffic_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, vec_passes)
+        gemm, casts = X.gemm_and_casts(
+            st, hw, f_train, attn_fwd, rc, peak, eff, b * s_loc, d, ffn_c, kv_frac, mats, t
+        )
+        layer_tr = share * (gemm + (vec_bytes + casts) / (hw.hbm_tbps * 1e12))
         layer_kernel = layer_tr / k2
         layer_compute = layer_kernel / k1
 
@@ -254,21 +271,37 @@ def evaluate(
         head_tr = share * f_head / (peak * eh)
         head_kernel = head_tr / k2h
         head_compute = head_kernel / k1h
+    # CP: attention over all s keys; MoE: the experts of the average layer (own GEMM efficiency)
+    extra = (
+        share * X.extra_compute_s(model, system, st, b, s_loc, d, t, mats, rc, attn_x, eff, peak) / (k1 * k2)
+    )
+    layer_tr, layer_kernel, layer_compute = (
+        layer_tr + extra * k1 * k2,
+        layer_kernel + extra * k1,
+        layer_compute + extra,
+    )
 
     # ---- communication (layout-level arrays; cached across fits) -----------------------
     c = comm if comm is not None else comm_times(model, system, st)
     if np.any(share != 1.0):
         c = {k: v * share for k, v in c.items()}
     n_tp = np.where(full, 6.0, 4.0)
-    tp_layer = n_tp * np.where(sp, c["tp_ag_s"] + c["tp_rs_s"], c["tp_ar_s"])
+    tp_layer = X.tp_exposed(n_tp * np.where(sp, c["tp_ag_s"] + c["tp_rs_s"], c["tp_ar_s"]), layer_compute, st)
     pp_mb = 2.0 * v * c["pp_p2p_s"]
+    attn_core_s = share * (attn_x + attn_fwd * (3.0 + (rc >= F.SELECTIVE))) / (peak * eff)
+    xl_total, xl_exposed = X.layer_comm(model, st, c, rc, layer_compute, attn_core_s)
 
-    stage_mb = lps * (layer_compute + tp_layer) + pp_mb
-    head_mb = U.head_excess_s(head_compute, layer_compute + tp_layer, lps, lps_last)  # = head when even
-    pipeline, bubble = pipeline_time_s(stage_mb, head_mb, p, m, v)
+    stage_mb = lps * (layer_compute + tp_layer + xl_exposed) + pp_mb
+    head_mb = U.head_excess_s(
+        head_compute, layer_compute + tp_layer + xl_exposed, lps, lps_last
+    )  # = head when even
+    fwd_sh, w_sh = X.schedule_shares(f_fwd, f_train, attn_fwd)
+    pipeline, bubble = pipeline_time_s(stage_mb, head_mb, p, m, v, st.schedule, fwd_sh, w_sh)
 
     # ---- data parallel / ZeRO over the stage's parameter shard -------------------------
-    params_gpu = stage_params(d, L, s, V, t, p, ffn, kv_frac, mats, tied)
+    shared_p, expert_p = X.moe_params(model, d, t, p, st.ep, mats)
+    dense_p = stage_params(d, L, s, V, t, p, ffn_c, kv_frac, mats, tied) + shared_p
+    params_gpu = dense_p + expert_p
     ar, ag, rs3, rs2 = c["dp_ar_s"], c["dp_ag_s"], c["dp_rs_s"], c["dp_reduce_s"]
     z = st.zero
     n_ag_mb = np.where(full, 3.0, 2.0)  # ZeRO-3 gathers per micro-batch
@@ -286,10 +319,15 @@ def evaluate(
     # exposed DP time with overlap, per stage (the all-gather after the step never hides)
     ovl_total = np.select([z == 0, z == 1, z == 2], [ar_hidden, ar_hidden + ag, ag + rs2_exp], z3_exp)
     dp_exposed = np.where(ovl, ovl_total, dp_ar + dp_ag + dp_rs)
+    do = st.dist_opt  # Megatron's distributed optimizer: reduce-scatter + all-gather, fractional overlap
+    do_rs, do_ag = X.dist_opt_exposed(st, rs3, ag, bwd_window, fwd_window)
+    dp_exposed = np.where(do, do_rs + do_ag, dp_exposed)
+    dp_ar, dp_rs = np.where(do, 0.0, dp_ar), np.where(do, rs3, dp_rs)
 
     # ---- optimizer step (memory bound) -------------------------------------------------
-    opt_params = params_gpu / np.where(z >= 1, dp, 1.0)
-    optimizer = share * opt_params * ADAM_STEP_BYTES_PER_PARAM / (hw.hbm_tbps * 1e12)
+    opt_params = X.opt_params(st, dense_p, expert_p)
+    adam_bytes = ADAM_STEP_BYTES_PER_PARAM - np.where(st.master == 1, 8.0, 0.0)  # no fp32 master read/write
+    optimizer = share * opt_params * adam_bytes / (hw.hbm_tbps * 1e12)
     if system.k2_covers_other_kernels:
         optimizer = np.zeros_like(optimizer)
     host = np.zeros_like(optimizer)
@@ -306,12 +344,19 @@ def evaluate(
 
     # ---- memory per GPU ----------------------------------------------------------------
     if dm is not None:
-        mem = DP.memory(dm, fam, sh, params_gpu, b, t, p, dp, z, m, v, rc, sp, hw.runtime_reserve_gb * 1e9)
-    else:
-        acts = activations_bytes(b, s, d, a, L, V, t, p, m, v, rc, sp, st.flash_attention, logits=False)
-        mem = memory_per_gpu(
-            params_gpu, d, t, dp, z, acts, hw.runtime_reserve_gb * 1e9, logits_bytes(b, s, V, t, p)
+        mem = DP.memory(
+            dm, fam, sh, dense_p, b, t, p, dp * st.cp, z, m, v, rc, sp, hw.runtime_reserve_gb * 1e9
         )
+        if st.is_modern or X.MOE.is_moe(model):
+            mem = X.adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc)
+    else:
+        acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, logits=False)
+        lg = logits_bytes(b, s_loc, V, t, p)
+        if st.is_modern or X.MOE.is_moe(model):
+            mem = X.memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc,
+                           hw.runtime_reserve_gb * 1e9, lg)  # fmt: skip
+        else:
+            mem = memory_per_gpu(params_gpu, d, t, dp, z, acts, hw.runtime_reserve_gb * 1e9, lg)
     if lean:
         return {
             "iter_s": iter_s,
@@ -328,6 +373,11 @@ def evaluate(
     rs_exp = np.where(
         ovl, np.where(z == 2, rs2_exp, 0.0) + np.where(z == 3, z3_exp * (1.0 - z3_ag_share), 0.0), dp_rs
     )
+    ar_exp, ag_exp, rs_exp = (
+        np.where(do, 0.0, ar_exp),
+        np.where(do, do_ag, ag_exp),
+        np.where(do, do_rs, rs_exp),
+    )
     kernel_tr = m * (lps * layer_tr + head_tr)
     kernel_all = m * (lps * layer_kernel + head_kernel)
     compute_all = m * (lps * layer_compute + head_compute)
@@ -337,16 +387,18 @@ def evaluate(
     share = dispatch_split(cal)
     tp_total = m * lps * tp_layer
     pp_total = m * pp_mb
-    comm_total = tp_total + pp_total + dp_ar + dp_ag + dp_rs
-    comm_exposed = tp_total + pp_total + ar_exp + ag_exp + rs_exp
+    epcp_total, epcp_exposed = m * lps * xl_total, m * lps * xl_exposed
+    comm_total = tp_total + pp_total + dp_ar + dp_ag + dp_rs + epcp_total
+    comm_exposed = tp_total + pp_total + ar_exp + ag_exp + rs_exp + epcp_exposed
 
     # ---- throughput --------------------------------------------------------------------
-    gpus = t * p * dp
-    model_fl = B * (
-        F.training_flops_layers(1.0, s, d, L, F.NONE, ffn, kv_frac, mats) + F.lm_head_flops(1.0, s, d, V)
+    gpus = t * st.cp * p * dp
+    moe_fl = X.moe_model_flops(model, B, s)
+    model_fl = moe_fl + B * (
+        F.training_flops_layers(1.0, s, d, L, F.NONE, ffn_c, kv_frac, mats) + F.lm_head_flops(1.0, s, d, V)
     )
-    hw_fl = B * (
-        F.training_flops_layers(1.0, s, d, L, rc, ffn, kv_frac, mats) + F.lm_head_flops(1.0, s, d, V)
+    hw_fl = moe_fl * np.where(full, 4.0 / 3.0, 1.0) + B * (
+        F.training_flops_layers(1.0, s, d, L, rc, ffn_c, kv_frac, mats) + F.lm_head_flops(1.0, s, d, V)
     )
 
     return {
@@ -357,6 +409,8 @@ def evaluate(
         "dispatch_inter_s": dispatch * (1.0 - share),
         "tp_s": tp_total,
         "pp_s": pp_total,
+        "ep_cp_s": epcp_total,
+        "ep_cp_exposed_s": epcp_exposed,
         "dp_allreduce_s": dp_ar,
         "dp_allgather_s": dp_ag,
         "dp_reducescatter_s": dp_rs,

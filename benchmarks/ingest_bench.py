@@ -1,21 +1,37 @@
-"""Ingest speed and memory: calib against HTA on the same real trace.
+"""Ingest speed against its floor and against HTA, on real and synthetic traces.
 
-Case ``single``: ``df_index_resolver`` (HTA's own test trace, 54 MB of JSON, V100 DDP).
-Each tool runs in a fresh subprocess (so peak RSS is its own), after its imports:
+Cases (``--case``):
 
-* calib: ``ingest.orchestrate.ingest`` (read, all tables: buckets, kernels, collectives,
-  GEMMs, framework) + ``write_run`` (Parquet), i.e. ``calib ingest`` without printing;
-* HTA:   ``TraceAnalysis(trace_dir=...)`` (its loader) + ``get_temporal_breakdown()``.
+* ``h100``: the largest shipped H100 trace (``fixtures/traces/h100/runs/*/rank0...``, by
+  inflated size);
+* ``synthetic``: a trace of at least ``--synthetic-mb`` (default 100) MB of JSON, built
+  in a temporary directory by tiling the real events of ``df_index_resolver`` (HTA's
+  test trace, V100 DDP; ``benchmarks/tiling.py``);
+* ``hta``: ``df_index_resolver`` itself (54 MB of JSON).
 
-Throughput is inflated-JSON megabytes per second.  The tools alternate over several
-rounds and the best time of each is kept, so background load skews neither.  Prints a
-table and the ratio.  Run: ``python benchmarks/ingest_bench.py [--repeat 3] [--rounds 3]``.
+Each measurement runs in a fresh subprocess (so peak RSS is its own), after its imports:
+
+* calib: ``ingest.orchestrate.ingest`` (read, every table) + ``write_run`` (Parquet):
+  ``calib ingest`` without printing;
+* floor: read the file, inflate it with ISA-L (``isal_zlib``, what calib's reader uses)
+  and decode it with msgspec into calib's own event structs (``reader._FAST_DECODER``):
+  the part of ingest no analysis can avoid.  ``generic`` decodes into dicts instead,
+  for reference;
+* HTA: ``TraceAnalysis(trace_dir=...)`` + ``get_temporal_breakdown()`` (skipped with
+  ``--no-hta`` or when HTA is not installed).
+
+The tools alternate over ``--rounds`` and each keeps its best time, so background load
+skews none.  Prints, per case, the times, ``ingest / floor`` (issue 11's target: at most
+1.15) and ``HTA / ingest``.
+
+    python benchmarks/ingest_bench.py [--case h100 synthetic] [--rounds 3] [--no-hta]
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -25,7 +41,8 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE = ROOT / "fixtures" / "traces" / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
+H100_RUNS = ROOT / "fixtures" / "traces" / "h100" / "runs"
+HTA_TRACE = ROOT / "fixtures" / "traces" / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
 
 _CALIB = textwrap.dedent(
     """
@@ -41,6 +58,30 @@ _CALIB = textwrap.dedent(
         meta, tables = ingest([src], IngestOptions(name="bench"))
         write_run(out, meta, tables)
         times.append(time.perf_counter() - t)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"times": times, "rss_mb": rss}))
+    """
+)
+
+_FLOOR = textwrap.dedent(
+    """
+    import gc, json, resource, sys, time
+    from pathlib import Path
+    import msgspec
+    from isal import isal_zlib
+    from calib.ingest.reader import _FAST_DECODER
+    src, repeat, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    decode = _FAST_DECODER.decode if mode == "typed" else msgspec.json.decode
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        blob = src.read_bytes()
+        data = isal_zlib.decompress(blob, 47) if blob[:2] == b"\\x1f\\x8b" else blob
+        gc.disable()
+        doc = decode(data)
+        gc.enable()
+        times.append(time.perf_counter() - t)
+        del doc, data, blob
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"times": times, "rss_mb": rss}))
     """
@@ -71,50 +112,83 @@ def _run(code: str, *args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def single(repeat: int, rounds: int = 3) -> dict:
-    raw_mb = len(gzip.decompress(TRACE.read_bytes())) / 1e6
-    # Rounds alternate the two tools so that background load hits both alike.
-    calib = {"times": [], "rss_mb": 0.0}
-    hta = {"times": [], "rss_mb": 0.0}
+def inflated_mb(path: Path) -> float:
+    blob = path.read_bytes()
+    return len(gzip.decompress(blob) if blob[:2] == b"\x1f\x8b" else blob) / 1e6
+
+
+def largest_h100() -> Path:
+    return max(sorted(H100_RUNS.glob("*/rank*.pt.trace.json*")), key=inflated_mb)
+
+
+def measure(trace: Path, label: str, repeat: int, rounds: int, hta: bool) -> dict:
+    """Best times (s) of calib, the typed and generic floors and HTA on ``trace``."""
+    best: dict[str, float] = {}
+    rss: dict[str, float] = {}
+
+    def keep(key: str, res: dict) -> None:
+        best[key] = min(best.get(key, float("inf")), *res["times"])
+        rss[key] = max(rss.get(key, 0.0), res["rss_mb"])
+
     with tempfile.TemporaryDirectory() as tmp:
-        shutil.copy(TRACE, Path(tmp) / TRACE.name)
+        if hta:
+            shutil.copy(trace, Path(tmp) / trace.name)
         for _ in range(rounds):
-            c = _run(_CALIB, str(TRACE), str(repeat))
-            h = _run(_HTA, tmp, "1")
-            calib["times"] += c["times"]
-            hta["times"] += h["times"]
-            calib["rss_mb"] = max(calib["rss_mb"], c["rss_mb"])
-            hta["rss_mb"] = max(hta["rss_mb"], h["rss_mb"])
-    c_best, h_best = min(calib["times"]), min(hta["times"])
-    rows = [
-        ("calib ingest (all tables + Parquet)", c_best, raw_mb / c_best, calib["rss_mb"]),
-        ("HTA TraceAnalysis + temporal breakdown", h_best, raw_mb / h_best, hta["rss_mb"]),
-    ]
-    print(f"\ntrace: {TRACE.relative_to(ROOT)} ({raw_mb:.1f} MB of JSON)")
-    print(f"{'tool':42s} {'best s':>8s} {'MB/s':>8s} {'peak RSS MB':>12s}")
-    for name, t, mbps, rss in rows:
-        print(f"{name:42s} {t:8.3f} {mbps:8.1f} {rss:12.0f}")
-    ratio = h_best / c_best
-    print(
-        f"speed ratio calib/HTA: {ratio:.1f}x   memory ratio calib/HTA: {calib['rss_mb'] / hta['rss_mb']:.2f}"
-    )
-    return {"raw_mb": raw_mb, "calib": calib, "hta": hta, "speed_ratio": ratio}
+            keep("floor", _run(_FLOOR, str(trace), str(repeat), "typed"))
+            keep("calib", _run(_CALIB, str(trace), str(repeat)))
+            keep("generic", _run(_FLOOR, str(trace), str(repeat), "generic"))
+            if hta:
+                keep("hta", _run(_HTA, tmp, "1"))
+    mb = inflated_mb(trace)
+    print(f"\n{label}: {trace.name} ({mb:.1f} MB of JSON, {trace.stat().st_size / 1e6:.1f} MB on disk)")
+    print(f"{'':44s} {'best s':>8s} {'MB/s':>8s} {'peak RSS MB':>12s}")
+    names = {
+        "calib": "calib ingest (all tables + Parquet)",
+        "floor": "floor: isal inflate + msgspec typed decode",
+        "generic": "isal inflate + msgspec generic decode",
+        "hta": "HTA TraceAnalysis + temporal breakdown",
+    }
+    for key, name in names.items():
+        if key in best:
+            print(f"{name:44s} {best[key]:8.3f} {mb / best[key]:8.1f} {rss[key]:12.0f}")
+    ratio = best["calib"] / best["floor"]
+    line = f"ingest / floor: {ratio:.2f}x (target <= 1.15)   ingest / generic decode: {best['calib'] / best['generic']:.2f}x"
+    if "hta" in best:
+        line += f"   HTA / ingest: {best['hta'] / best['calib']:.1f}x"
+    print(line)
+    return {"trace": str(trace), "mb": mb, "best_s": best, "rss_mb": rss, "floor_ratio": ratio}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3, help="calib repetitions per round (best is reported)")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating calib/HTA rounds (best of each)")
-    ap.add_argument("--case", choices=["single", "all"], default="all")
+    ap.add_argument("--case", nargs="+", choices=["h100", "synthetic", "hta"], default=["h100", "synthetic"])
+    ap.add_argument("--repeat", type=int, default=3, help="repetitions per subprocess (best is kept)")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of the tools (best of each)")
+    ap.add_argument(
+        "--synthetic-mb", type=float, default=100.0, help="size of the synthetic trace (MB of JSON)"
+    )
+    ap.add_argument("--no-hta", action="store_true", help="leave HTA out")
+    ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = ap.parse_args()
-    single(args.repeat, args.rounds)
-    try:  # the multi-rank case lives beside this script when present
-        sys.path.insert(0, str(Path(__file__).parent))
-        import ingest_bench_multirank  # type: ignore[import-not-found]
-    except ImportError:
-        return
-    if args.case == "all":
-        ingest_bench_multirank.main()
+    hta = not args.no_hta and importlib.util.find_spec("hta") is not None
+    results = []
+    for case in args.case:
+        if case == "h100":
+            results.append(
+                measure(largest_h100(), "largest shipped H100 trace", args.repeat, args.rounds, hta)
+            )
+        elif case == "hta":
+            results.append(measure(HTA_TRACE, "HTA test trace", args.repeat, args.rounds, hta))
+        else:
+            sys.path.insert(0, str(Path(__file__).parent))
+            from tiling import tile_trace  # noqa: PLC0415
+
+            with tempfile.TemporaryDirectory(prefix="calib-ingest-bench-") as tmp:
+                trace = Path(tmp) / "synthetic_rank0.pt.trace.json.gz"
+                tile_trace(HTA_TRACE, trace, int(args.synthetic_mb * 1e6))
+                results.append(measure(trace, "synthetic (tiled df_index_resolver)", 1, args.rounds, hta))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

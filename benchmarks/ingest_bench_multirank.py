@@ -1,6 +1,6 @@
 """Multi-rank ingest speed and memory: calib --jobs 1 / --jobs N against HTA's multi-rank load.
 
-The case of ``benchmarks/ingest_bench.py`` (which runs it after its single-file case):
+The multi-rank companion of ``benchmarks/ingest_bench.py`` (run on its own):
 8 rank copies of ``df_index_resolver`` (HTA's test trace, 54 MB of JSON each, 430 MB
 in all), identical but for ``distributedInfo.rank``/``world_size``, in one directory.
 

@@ -3,6 +3,11 @@
 Workloads (GPT-3 175B, global batch 1536, DGX A100 80GB spec with stated defaults):
   1. every valid strategy on 4096 GPUs (the Calculon study-2 problem);
   2. a system-size sweep, every GPU count 8..4096 in steps of 8 (Calculon study 3).
+With today's axes (DGX H100 spec, stated defaults):
+  3. dense Llama 3 70B (s 8192, B 2048): sweep 64..8192 step 64 with CP 1/2/4/8,
+     schedules 1F1B/interleaved, ZB-H1, DualPipe, FP8 and the distributed optimizer;
+  4. MoE Mixtral 8x7B (s 4096, B 1024): sweep 64..4096 step 64 with EP 1/2/4/8, CP 1/2/4,
+     the three schedules, FP8 and the distributed optimizer.
 
 Peers:
   * a plain per-strategy Python loop over the *same* model (analytic.timemodel.evaluate
@@ -30,6 +35,7 @@ from calib.analytic.specs import load_hardware, load_model
 from calib.analytic.strategy import Strategies
 from calib.analytic.timemodel import System, evaluate
 
+CPU_RATES: list[float] = []  # strategies per CPU-second of each timed_search (load-independent)
 CALCULON_PER_CORE = 400.0  # strategies/s/core, quoted (issue 4, seed 000), not measured
 
 
@@ -47,9 +53,16 @@ def valid_strategies(model, gpus, B, space=None):
     return cols
 
 
-def timed_search(model, system, gpus, B, repeat):
-    runs = [search(model, system, gpus, B, top=10) for _ in range(repeat)]
+def timed_search(model, system, gpus, B, repeat, space=None):
+    from calib.analytic.search import Space
+
+    runs, cpu = [], []
+    for _ in range(repeat):
+        c0 = time.process_time()
+        runs.append(search(model, system, gpus, B, space or Space(), top=10))
+        cpu.append(runs[-1].n_strategies / max(time.process_time() - c0, 1e-9))
     rates = [r.rate for r in runs]
+    CPU_RATES.append(statistics.median(cpu))
     return runs[0], statistics.median(rates), max(rates)
 
 
@@ -111,6 +124,7 @@ def main() -> None:
     calculon = CALCULON_PER_CORE * cores
     print(f"peer: Calculon ~{CALCULON_PER_CORE:.0f} strategies/s/core x {cores} cores = {calculon:,.0f} strategies/s "
           "(quoted from issue 4 / seed 000, not measured here)")  # fmt: skip
+    modern_cases(max(1, args.repeat // 2))
     for name, rate in (("[1] 4096 GPUs", med1), ("[2] sweep", med2)):
         print(
             f"ratio {name}: {rate / loop_rate:,.0f}x the per-strategy loop, {rate / calculon:,.0f}x Calculon (quoted)"
@@ -120,6 +134,32 @@ def main() -> None:
         f"at the sweep rate, Calculon's 1,974,902-strategy problem size would take {full / med2:.2f} s here "
         f"(Calculon, quoted rate: {full / calculon / 3600:.2f} h on {cores} cores)"
     )
+
+
+def modern_cases(repeat: int) -> None:
+    """Workloads 3 and 4: the search with CP, EP, schedules, FP8 and the distributed optimizer."""
+    from dataclasses import replace
+
+    from calib.analytic.search import Space
+
+    hw = load_hardware("dgx-h100")
+    system = System(default_calibration(hw), hw)
+    cases = (
+        ("[3] dense llama3-70b, CP/schedules/FP8", load_model("llama3-70b"), 2048, range(64, 8193, 64),
+         Space(cp=(1, 2, 4, 8), schedules=(0, 1, 2), fp8=True, dist_opt=True, flash_attention=True)),
+        ("[4] MoE mixtral-8x7b s=4096, EP/CP/schedules/FP8", replace(load_model("mixtral-8x7b"), seq_len=4096),
+         1024, range(64, 4097, 64),
+         Space(cp=(1, 2, 4), schedules=(0, 1, 2), fp8=True, dist_opt=True, flash_attention=True)),
+    )  # fmt: skip
+    for name, model, B, counts, space in cases:
+        res, med, best = timed_search(model, system, list(counts), B, repeat, space)
+        print(f"{name}: {len(counts)} GPU counts, {res.n_strategies:,} valid strategies ({res.n_feasible:,} fit), "
+              f"{res.n_strategies / med:.3f} s, median {med:,.0f} strategies/s (best {best:,.0f}); "
+              f"{CPU_RATES[-1]:,.0f} per CPU-second")  # fmt: skip
+        row = res.best_per_gpus.iloc[-1]
+        print(f"    best at {int(row['gpus'])} GPUs: TP {row['tp']} CP {row['cp']} EP {row['ep']} PP {row['pp']} "
+              f"DP {row['dp']} schedule {row['schedule']} iter {row['iter_s']:.3f} s, MFU {row['mfu']:.1%}, "
+              f"{row['mem_total_gb']:.1f} GB")  # fmt: skip
 
 
 if __name__ == "__main__":

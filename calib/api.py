@@ -275,7 +275,9 @@ class SystemModel(SeedsMixin):
         """Iteration time, memory and scaling of one strategy at each GPU count.
 
         ``plan``: ``zero``, ``tp``, ``pp``, ``micro_batch``, ``global_batch``, ``interleave``,
-        ``seq_parallel``, ``dp_overlap``, ``flash_attention`` (:class:`calib.analytic.predict.Plan`).
+        ``seq_parallel``, ``dp_overlap``, ``flash_attention``, and ``cp``, ``ep``, ``cp_kind``,
+        ``fp8``, ``schedule``, ``dist_opt``, ``tp_overlap``, ``master`` (codes as in
+        :class:`calib.analytic.predict.Plan`).
         """
         from calib.analytic.formulas import recompute_code
         from calib.analytic.predict import predict as run_predict
@@ -322,7 +324,12 @@ class SystemModel(SeedsMixin):
         res = run_search(spec, machine, gpus, batch, Space(**space), top, objective=objective, power=pw)
 
         def named(df):
-            return df.assign(recompute=[RECOMPUTE_NAMES[i] for i in df["recompute"]]) if not df.empty else df
+            from calib.analytic.bubble import SCHEDULES
+
+            if df.empty:
+                return df
+            return df.assign(recompute=[RECOMPUTE_NAMES[i] for i in df["recompute"]],
+                             schedule=[SCHEDULES[i] for i in df["schedule"]])  # fmt: skip
 
         return replace(res, top=named(res.top), best_per_gpus=named(res.best_per_gpus))
 

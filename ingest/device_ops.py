@@ -14,6 +14,9 @@ Two small tables feed the physical compute model of ``calib fit``:
 
 from __future__ import annotations
 
+import math
+
+import msgspec
 import numpy as np
 import pandas as pd
 from calib.ingest.collective_calls import _decode_many, itemsize
@@ -22,24 +25,47 @@ from calib.ingest.timeline import Timeline
 
 from calib.core.schema import KERNEL_CLASSES, empty_table
 
+#: element counts and byte totals beyond this are not real tensors (and would overflow int64)
+_MAX_COUNT = 1 << 62
+
 
 def _tensor_sizes(dims: object, types: object) -> tuple[int, int, int]:
     """(bytes of all tensor inputs, elements of the largest one, product of its leading
     dimensions -- all but the last); zeros when unknown.  The leading product tells an
-    activation ([b, s, w]: b s) from a weight ([in, out]: in) of the same size."""
+    activation ([b, s, w]: b s) from a weight ([in, out]: in) of the same size.  A tensor
+    with a negative dimension, an unknown dtype or more than 2^62 elements is left out."""
     if not (isinstance(dims, list) and isinstance(types, list)):
         return 0, 0, 0
     total, largest, lead = 0, 0, 0
     for d, t in zip(dims, types):
-        if isinstance(d, list) and d and all(isinstance(v, int) and not isinstance(v, bool) for v in d):
-            n = int(np.prod(np.asarray(d, dtype=np.int64)))
-            size = itemsize(t)
-            if n < 0 or size < 0:
-                continue
-            total += n * size
-            if n > largest:
-                largest, lead = n, int(np.prod(np.asarray(d[:-1], dtype=np.int64))) if len(d) > 1 else 1
+        if not (isinstance(d, list) and d and all(type(v) is int for v in d)):
+            continue
+        n = math.prod(d)
+        size = itemsize(t)
+        if n < 0 or n > _MAX_COUNT or size < 0 or min(d) < 0:
+            continue
+        total = min(total + n * size, _MAX_COUNT)
+        if n > largest:
+            largest, lead = n, math.prod(d[:-1])
     return total, largest, lead
+
+
+def _shape_sizes(ev: Events, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_tensor_sizes` of each op event in ``ops``: every distinct (Input Dims, Input
+    type) pair is decoded and counted once (a training step repeats a few hundred shapes)."""
+    raw_d, raw_t = ev.arg(ops, "input_dims"), ev.arg(ops, "input_type")
+    codes: dict[tuple[bytes, bytes], int] = {}
+    inv = np.fromiter(
+        (codes.setdefault((bytes(a), bytes(b)), len(codes)) for a, b in zip(raw_d, raw_t, strict=True)),
+        dtype=np.int64,
+        count=len(raw_d),
+    )
+    distinct = list(codes)  # in order of first sight: code k is distinct[k]
+    dims = _decode_many([msgspec.Raw(d) for d, _ in distinct])
+    types = _decode_many([msgspec.Raw(t) for _, t in distinct])
+    sizes = np.array([_tensor_sizes(d, t) for d, t in zip(dims, types, strict=True)], dtype=np.int64)
+    sizes = sizes.reshape(-1, 3)[inv]
+    return sizes[:, 0], sizes[:, 1], sizes[:, 2]
 
 
 def _iteration_of(tl: Timeline, t: np.ndarray) -> np.ndarray:
@@ -62,13 +88,11 @@ def compute(ev: Events, tl: Timeline, rank: int) -> dict[str, pd.DataFrame]:
     # decode the shapes once per launching op, not per kernel
     uniq, inv = np.unique(op_ev, return_inverse=True)
     valid = uniq >= 0
-    dims = _decode_many(ev.arg(uniq[valid], "input_dims")) if valid.any() else []
-    types = _decode_many(ev.arg(uniq[valid], "input_type")) if valid.any() else []
     u_bytes = np.zeros(len(uniq), dtype=np.int64)
     u_numel = np.zeros(len(uniq), dtype=np.int64)
     u_lead = np.zeros(len(uniq), dtype=np.int64)
-    for j, (d, t) in zip(np.flatnonzero(valid), zip(dims, types, strict=True), strict=True):
-        u_bytes[j], u_numel[j], u_lead[j] = _tensor_sizes(d, t)
+    if valid.any():
+        u_bytes[valid], u_numel[valid], u_lead[valid] = _shape_sizes(ev, uniq[valid])
     u_name = np.where(valid, ev.names[ev.name[np.maximum(uniq, 0)]].astype(str), "")
     df = pd.DataFrame(
         {

@@ -97,8 +97,8 @@ def machine_options(f):
             ),
             click.option(
                 "--hardware",
-                help="Hardware preset (polaris, perlmutter, tg40, tg80, dgx-a100-80gb/selene, dgx-h100, h200, "
-                "b200, mi300x, dgx-2) or a YAML/JSON spec file.",
+                help="Hardware preset (polaris, perlmutter, tg40, tg80, dgx-a100-80gb/selene, dgx-h100, h200/dgx-h200, "
+                "b200, mi300x, gb200-nvl72, dgx-2) or a YAML/JSON spec file.",
             ),
             click.option(
                 "--store",
@@ -118,7 +118,8 @@ def model_options(f):
             click.option(
                 "--model",
                 "model_name",
-                help="Model preset (e.g. gpt3-175b, megatron-1t, gpt-13b) or YAML/JSON file.",
+                help="Model preset (e.g. gpt3-175b, megatron-1t, gpt-13b, llama3-70b, mixtral-8x7b, deepseek-v3) "
+                "or YAML/JSON file.",
             ),
             click.option(
                 "--d", "d_model", type=Int(1), help="Hidden size d (with --l --a --s; instead of --model)."

@@ -24,6 +24,7 @@ TIME_COLUMNS = {
     "dispatch_inter_s": "inter-op",
     "tp_s": "TP",
     "pp_s": "PP",
+    "ep_cp_exposed_s": "EP/CP",
     "dp_allreduce_exposed_s": "DP-AR",
     "dp_allgather_exposed_s": "DP-AG",
     "dp_reducescatter_exposed_s": "DP-RS",
@@ -50,6 +51,8 @@ RATE_COLUMNS = {
 LAYOUT = {
     "gpus": "GPUs",
     "tp": "TP",
+    "cp": "CP",
+    "ep": "EP",
     "pp": "PP",
     "dp": "DP",
     "zero": "ZeRO",
@@ -144,10 +147,11 @@ def emit(text: str, out: str | Path | None) -> str | None:
 
 
 SEARCH_COLUMNS = {
-    "rank": "#", "gpus": "GPUs", "tp": "TP", "pp": "PP", "dp": "DP", "micro_batch": "mb", "microbatches": "m",
-    "interleave": "v", "zero": "ZeRO", "recompute": "recompute", "seq_parallel": "SP", "dp_overlap": "ovl",
+    "rank": "#", "gpus": "GPUs", "tp": "TP", "cp": "CP", "ep": "EP", "pp": "PP", "dp": "DP", "micro_batch": "mb", "microbatches": "m",
+    "interleave": "v", "schedule": "schedule", "zero": "ZeRO", "recompute": "recompute", "seq_parallel": "SP", "dp_overlap": "ovl",
     "iter_s": "iter s", "tokens_per_s": "tokens/s", "tflops_per_gpu": "TFLOP/s/GPU", "mfu": "MFU",
-    "compute_s": "compute s", "comm_exposed_s": "comm s", "bubble_s": "bubble s", "mem_total_gb": "mem GB",
+    "compute_s": "compute s", "comm_exposed_s": "comm s", "bubble_s": "bubble s", "tp_s": "TP s",
+    "ep_cp_exposed_s": "EP/CP s", "dp_exposed_s": "DP s", "mem_total_gb": "mem GB",
     "energy_j_per_token": "J/token", "power_w_per_gpu": "W/GPU",
 }  # fmt: skip
 
@@ -160,8 +164,9 @@ def _search_view(table: pd.DataFrame) -> pd.DataFrame:
             view[c] = np.where(view[c], "y", "-")
     view["MFU"] = (view["MFU"] * 100).round(1).astype(str) + "%"
     view["tokens/s"] = view["tokens/s"].map(lambda v: f"{v:,.0f}")
-    for c in ("iter s", "compute s", "comm s", "bubble s"):
-        view[c] = view[c].map(lambda v: f"{v:.4g}")
+    for c in ("iter s", "compute s", "comm s", "bubble s", "TP s", "EP/CP s", "DP s"):
+        if c in view:
+            view[c] = view[c].map(lambda v: f"{v:.4g}")
     if "iter_s_lo" in table:  # the 90 % prediction interval
         band = (
             table["iter_s_lo"].map(lambda v: f"{v:.4g}") + ".." + table["iter_s_hi"].map(lambda v: f"{v:.4g}")

@@ -13,6 +13,14 @@ from calib.commands.options import (
     require,
     resolve_model,
 )
+from calib.commands.stack_options import (
+    apply_moe,
+    moe_model_options,
+    pop_moe,
+    pop_stack,
+    stack_label,
+    stack_options,
+)
 from calib.core.errors import InputError
 
 
@@ -41,10 +49,14 @@ smallest GPU count (with seed 004's speedup formula alongside).
 \b
 Example:
   calib predict --hardware polaris --model gpt-13b --gpus 8,64,512 --zero 3
+  calib predict --hardware dgx-h100 --model mixtral-8x7b --gpus 64 --ep 8 --pp 4 --s 4096 \\
+      --zero 1 --distributed-optimizer --schedule dualpipe --precision fp8 --global-batch 512
 """,
 )
 @machine_options
 @model_options
+@moe_model_options
+@stack_options
 @click.option("--gpus", help="Comma-separated GPU counts, e.g. 8,16,32,64 (required).")
 @click.option("--zero", type=Int(0, 3), default=0, show_default=True, help="ZeRO stage 0-3 (0 = plain DDP).")
 @click.option("--tp", type=Int(1), default=1, show_default=True, help="Tensor-parallel size.")
@@ -128,11 +140,12 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")
-    model = resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape)
+    moe, stack = pop_moe(shape), pop_stack(shape)
+    model = apply_moe(resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape), **moe)
     machine, notes = resolve_system(system, calibration, hardware, store, ranks_per_node=ranks_per_node)
     plan = Plan(tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, global_batch=global_batch,
                 recompute=recompute_code(recompute), seq_parallel=seq_parallel, interleave=interleave,
-                dp_overlap=dp_overlap, flash_attention=flash_attention)  # fmt: skip
+                dp_overlap=dp_overlap, flash_attention=flash_attention, **stack)  # fmt: skip
     result = run_predict(model, machine, parse_gpus(require(gpus, "--gpus")), plan)
     notes = notes + result.notes
     if energy:
@@ -158,7 +171,8 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
             f"strategy ZeRO-{zero} TP={tp} PP={pp} v={interleave} micro-batch={micro_batch} recompute={recompute}"
             + (" +SP" if seq_parallel else "")
             + (" +DP-overlap" if dp_overlap else "")
-            + (" +flash" if flash_attention else ""),
+            + (" +flash" if flash_attention else "")
+            + stack_label(stack),
         ]
         text = output.predict_text(result.table, header, notes)
         if energy:

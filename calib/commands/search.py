@@ -13,6 +13,14 @@ from calib.commands.options import (
     require,
     resolve_model,
 )
+from calib.commands.stack_options import (
+    SCHEDULE_HELP,
+    apply_moe,
+    moe_model_options,
+    parse_list,
+    parse_schedules,
+    pop_moe,
+)
 from calib.core.errors import InputError
 
 
@@ -61,17 +69,26 @@ not fit in device memory are counted but not ranked.  Evaluation is vectorised w
 numpy (no Python loop per strategy); the header reports strategies/s.
 
 \b
+Today's stacks: context parallelism (--cp sizes, ring or Ulysses), expert parallelism for
+MoE models (--ep sizes; default every divisor of the experts), pipeline schedules 1F1B /
+interleaved, ZB-H1 and DualPipe, FP8, the distributed optimizer, TP overlap.
+
+\b
 Output per strategy: iteration time (s), tokens/s, model TFLOP/s per GPU, MFU, compute,
-exposed communication, bubble (s) and memory per GPU (GB).
+exposed communication (of it TP, EP/CP and DP), bubble (s) and memory per GPU (GB); with
+several GPU counts the best layout of each.
 
 \b
 Examples:
   calib search --model gpt3-175b --gpus 4096 --hardware selene --top 10
   calib search --model gpt3-175b --gpus 8-4096:8 --hardware dgx-h100   # system-size sweep
+  calib search --model mixtral-8x7b --s 4096 --global-batch 1024 --gpus 256,512,1024 \\
+      --hardware dgx-h100 --cp 1,2 --schedules 1f1b,zb-h1,dualpipe --precision fp8 --distributed-optimizer
 """,
 )
 @machine_options
 @model_options
+@moe_model_options
 @click.option("--gpus", help="GPU count N, a list (512,1024) or a range START-STOP:STEP (required).")
 @click.option("--global-batch", type=Int(1), help="Sequences per iteration (default: the model preset's).")
 @click.option(
@@ -86,6 +103,25 @@ Examples:
 @click.option("--no-interleave", is_flag=True, help="Do not consider interleaved pipeline schedules.")
 @click.option(
     "--flash-attention", is_flag=True, help="Fused attention for every strategy (no s x s activations)."
+)
+@click.option("--cp", "cp_sizes", help="Context-parallel sizes to consider, e.g. 1,2,4,8 (default 1).")
+@click.option("--cp-kind", type=Choice(("ring", "ulysses", "allgather")), default="ring", show_default=True,
+              help="Context parallelism: ring attention, Ulysses all-to-all or all-gathered K/V (Llama 3).")  # fmt: skip
+@click.option(
+    "--ep", "ep_sizes", help="Expert-parallel sizes to consider (default: every divisor of the experts)."
+)
+@click.option("--schedules", default="1f1b", show_default=True,
+              help="Pipeline schedules to consider, e.g. 1f1b,zb-h1,dualpipe: " + SCHEDULE_HELP)  # fmt: skip
+@click.option("--precision", type=Choice(("bf16", "fp8")), default="bf16", show_default=True,
+              help="GEMM precision for every strategy (fp8: the hardware's peak_fp8_tflops).")  # fmt: skip
+@click.option("--master-weights", type=Choice(("fp32", "bf16")), default="fp32", show_default=True,
+              help="Optimizer master weights.")  # fmt: skip
+@click.option("--uneven-pp", is_flag=True,
+              help="Also PP sizes that do not divide the layers (extra layers on the first stages).")  # fmt: skip
+@click.option("--distributed-optimizer", is_flag=True,
+              help="ZeRO-1 strategies run Megatron's distributed optimizer (reduce-scatter + all-gather).")  # fmt: skip
+@click.option(
+    "--tp-comm-overlap", is_flag=True, help="Overlap TP collectives with GEMMs (a stated fraction)."
 )
 @click.option(
     "--objective",
@@ -124,7 +160,10 @@ Examples:
 def search(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus,
            global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, objective, dtype, power_file,
            nvlink_domain, offload_gbps, offload_gb, as_json, as_csv, out, **shape):  # fmt: skip
+    from calib.analytic.bubble import SCHEDULES
+    from calib.analytic.context import cp_kind_code
     from calib.analytic.formulas import RECOMPUTE_NAMES
+    from calib.analytic.precision import master_code
     from calib.analytic.search import Space
     from calib.analytic.search import search as run_search
     from calib.commands import output
@@ -132,7 +171,11 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")
-    model = resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape)
+    moe = pop_moe(shape)
+    stack = {k: shape.pop(k) for k in ("cp_sizes", "cp_kind", "ep_sizes", "schedules", "precision",
+                                       "master_weights", "distributed_optimizer", "tp_comm_overlap",
+                                       "uneven_pp")}  # fmt: skip
+    model = apply_moe(resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape), **moe)
     B = global_batch or model.global_batch
     if B is None:
         raise InputError(
@@ -149,7 +192,18 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         interleave=not no_interleave,
         max_tp=max_tp,
         flash_attention=flash_attention,
+        cp=parse_list(stack["cp_sizes"], "--cp", (1,)),
+        cp_kind=cp_kind_code(stack["cp_kind"]),
+        ep=parse_list(stack["ep_sizes"], "--ep", ()) or None,
+        schedules=parse_schedules(stack["schedules"]),
+        fp8=stack["precision"] == "fp8",
+        dist_opt=stack["distributed_optimizer"],
+        tp_overlap=stack["tp_comm_overlap"],
+        master=master_code(stack["master_weights"]),
+        uneven_pp=stack["uneven_pp"],
     )
+    if space.fp8 and not machine.hw.peak_fp8_tflops:
+        raise InputError("--precision", f"hardware {machine.hw.name} states no peak_fp8_tflops")
     power = None
     if objective == "energy":
         from calib.commands.energy_cli import power_spec
@@ -172,7 +226,10 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
                                                         else "GPU-seconds per token (GPU-hours x price per token)")]  # fmt: skip
 
     def named(df):
-        return df.assign(recompute=[RECOMPUTE_NAMES[i] for i in df["recompute"]]) if not df.empty else df
+        if df.empty:
+            return df
+        return df.assign(recompute=[RECOMPUTE_NAMES[i] for i in df["recompute"]],
+                         schedule=[SCHEDULES[i] for i in df["schedule"]])  # fmt: skip
 
     table = named(res.top)
     summary = {

@@ -259,9 +259,14 @@ TABLES: dict[str, pa.Schema] = {
 }
 
 
+_EMPTY: dict[str, pd.DataFrame] = {}
+
+
 def empty_table(name: str) -> pd.DataFrame:
-    """An empty frame with the columns and dtypes of table ``name``."""
-    return TABLES[name].empty_table().to_pandas()
+    """An empty frame with the columns and dtypes of table ``name`` (a fresh copy)."""
+    if name not in _EMPTY:
+        _EMPTY[name] = TABLES[name].empty_table().to_pandas()
+    return _EMPTY[name].copy()
 
 
 def conform(name: str, df: pd.DataFrame) -> pa.Table:

@@ -56,6 +56,13 @@ def check_types(obj: Any, what: str) -> None:
         _check(getattr(obj, f.name), _hints(type(obj))[f.name], f"{what}.{f.name}")
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range
+        return False
+
+
 def _fail(where: str, want: str, value: Any) -> None:
     shown = repr(value)
     shown = shown if len(shown) <= 40 else shown[:37] + "..."
@@ -78,7 +85,7 @@ def _check(value: Any, hint: Any, where: str) -> None:  # noqa: C901 - one branc
                     raise
         _fail(where, " or ".join(getattr(a, "__name__", str(a)) for a in args), value)
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
             _fail(where, "a finite number", value)
     elif hint is int:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -1,0 +1,163 @@
+"""Mixture of experts: parameters, FLOPs, expert-parallel all-to-all, grouped expert GEMMs.
+
+A MoE layer replaces the dense MLP by ``E`` routed experts of hidden size ``f_e`` (each
+token goes to ``k`` of them) plus ``n_sh`` shared experts every token passes through
+(DeepSeekMoE's fine-grained + shared experts, Dai et al. 2024, arXiv:2401.06066; DeepSeek-V3
+report arXiv:2412.19437 sec. 2.1.2) and a router of d x E weights.  The first
+``dense_layers`` layers keep a dense MLP (DeepSeek-V3: 3 of 61).
+
+    expert weights       mats d f_e                      (mats = 3 SwiGLU, 2 GeLU)
+    total parameters     attention + dense MLPs + L_moe (E + n_sh) mats d f_e + L_moe d E + embeddings
+    active parameters    the same with k + n_sh experts in place of E + n_sh
+    FLOPs per token      2 x active matrix parameters + 4 s d per layer  (forward; x 3 for training)
+
+Checks (tests/test_analytic_moe.py): Mixtral 8x7B 46.7 B total / 12.9 B active (Jiang et al.
+2024, arXiv:2401.04088 sec. 2); DeepSeek-V3 671 B / 37 B (arXiv:2412.19437 abstract).
+
+Expert parallelism (EP, Lepikhin et al. 2020 GShard; Megatron-Core's ``alltoall`` token
+dispatcher with expert tensor parallelism 1): the E experts are split over ``ep`` ranks
+drawn from the TP x CP x DP ranks (EP x EDP = TP x CP x DP, Megatron-Core's MoE
+parallel folding); tokens are split over the TP ranks (sequence parallelism), so each GPU
+routes T = b s / (cp t) tokens.  Per MoE layer and micro-batch each GPU sends
+T k d values in the dispatch all-to-all and receives as many back in the combine; the
+backward repeats both.  A capacity factor C (token dropping, Fedus et al. 2021 Switch
+Transformer) pads every expert to C T k ep / E tokens; ``None`` is dropless (C = 1 on
+balanced routing -- load imbalance is not modelled).
+
+The experts of one GPU run as a grouped GEMM: E / ep GEMMs of M = ep T k C / E tokens
+each, so their efficiency follows the per-expert FLOPs 2 M d f_e, not the layer's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+DISPATCH_PASSES = 8.0  # HBM passes over the routed tokens: permute + unpermute, fwd (2 x 2) and bwd (2 x 2)
+DENSE_MLP_ACT = 19.0  # Korthikanti et al. 2022 sec. 4.1: the MLP's share of the 34 s b d bytes per layer
+
+
+def is_moe(model) -> bool:
+    return int(getattr(model, "n_experts", 0) or 0) > 0
+
+
+def terms(model) -> dict[str, float]:
+    """The MoE shape of a model (zeros for a dense one)."""
+    if not is_moe(model):
+        return {"E": 0.0, "k": 0.0, "f_e": 0.0, "n_sh": 0.0, "L_moe": 0.0, "cap": 1.0}
+    cap = model.capacity_factor
+    return {
+        "E": float(model.n_experts),
+        "k": float(model.top_k),
+        "f_e": float(model.expert_ffn or model.ffn_size),
+        "n_sh": float(model.shared_experts),
+        "L_moe": float(model.n_layers - model.dense_layers),
+        "cap": float(cap) if cap else 1.0,
+    }
+
+
+def dense_ffn_avg(model, ffn: ArrayLike) -> np.ndarray:
+    """The dense MLP width averaged over all layers (MoE layers have none)."""
+    ffn = np.asarray(ffn, dtype=float)
+    if not is_moe(model):
+        return ffn
+    return ffn * float(model.dense_layers) / float(model.n_layers)
+
+
+def expert_params(d: ArrayLike, f_e: ArrayLike, mats: ArrayLike) -> np.ndarray:
+    """Weights of one expert: mats d f_e."""
+    return np.asarray(mats, dtype=float) * np.asarray(d, dtype=float) * np.asarray(f_e, dtype=float)
+
+
+def params_split(model, d, t, p, ep, mats) -> tuple[np.ndarray, np.ndarray]:
+    """(replicated MoE weights per GPU: shared experts + router over TP,
+    expert weights per GPU: the stage's E / ep routed experts) of one pipeline stage."""
+    m = terms(model)
+    if m["E"] == 0:
+        z = np.zeros(np.broadcast_shapes(np.shape(t), np.shape(p), np.shape(ep)))
+        return z, z
+    one = expert_params(d, m["f_e"], mats)
+    lps = np.ceil(m["L_moe"] / np.asarray(p, dtype=float))  # the largest stage (analytic.uneven)
+    shared = lps * (m["n_sh"] * one + np.asarray(d, dtype=float) * m["E"]) / np.asarray(t, dtype=float)
+    routed = lps * (m["E"] / np.asarray(ep, dtype=float)) * one
+    return shared, routed
+
+
+def total_and_active_params(model) -> tuple[float, float]:
+    """(total, active) parameters of the whole model (embeddings and LM head included)."""
+    d, L, a = float(model.d_model), float(model.n_layers), float(model.n_heads)
+    mats = 3.0 if model.mlp == "swiglu" else 2.0
+    kv = float(model.kv_head_count) / a
+    attn = (2.0 + 2.0 * kv) * d * d
+    emb = float(model.vocab) * d * (1.0 if model.tied_embeddings else 2.0)
+    m = terms(model)
+    L_dense = L - m["L_moe"]
+    dense = L * attn + L_dense * mats * d * float(model.ffn_size) + emb
+    if m["E"] == 0:
+        return dense, dense
+    one = float(expert_params(d, m["f_e"], mats))
+    router = m["L_moe"] * d * m["E"]
+    total = dense + m["L_moe"] * (m["E"] + m["n_sh"]) * one + router
+    active = dense + m["L_moe"] * (m["k"] + m["n_sh"]) * one + router
+    return total, active
+
+
+def forward_flops_per_token(model) -> float:
+    """Forward matmul FLOPs per token: 2 x active matrix parameters (Kaplan et al. 2020 sec. 2.1;
+    embedding lookup excluded, LM head included) + the attention core 4 s d per layer (QK^T
+    and AV over the whole sequence, the convention of Narayanan et al. 2021 eq. 3)."""
+    total, active = total_and_active_params(model)
+    d = float(model.d_model)
+    lookup = float(model.vocab) * d if not model.tied_embeddings else 0.0
+    return 2.0 * (active - lookup) + 4.0 * float(model.seq_len) * d * float(model.n_layers)
+
+
+# ---- per GPU, per MoE layer, per micro-batch -------------------------------------------
+def tokens_per_gpu(b: ArrayLike, s: ArrayLike, cp: ArrayLike, t: ArrayLike) -> np.ndarray:
+    """T = b s / (cp t): the tokens one GPU routes (sequence parallel over TP, CP shards)."""
+    b, s, cp, t = (np.asarray(x, dtype=float) for x in (b, s, cp, t))
+    return b * s / (cp * t)
+
+
+def dispatch_bytes(T: ArrayLike, k: float, d: ArrayLike, cap: float = 1.0, bytes_per_value: ArrayLike = 2.0):
+    """The all-to-all buffer one GPU sends in one dispatch: C T k d values (nccl-tests size);
+    (ep - 1) / ep of it leaves the GPU."""
+    return cap * np.asarray(T, dtype=float) * k * np.asarray(d, dtype=float) * np.asarray(bytes_per_value)
+
+
+def a2a_count(recompute_full: ArrayLike) -> np.ndarray:
+    """All-to-alls per MoE layer and micro-batch: dispatch + combine forward, their two
+    gradients backward, two more when full recompute re-runs the forward."""
+    return np.where(np.asarray(recompute_full, dtype=bool), 6.0, 4.0)
+
+
+def expert_gemm_flops(T, k, cap, ep, E, d, f_e) -> np.ndarray:
+    """FLOPs of one routed expert's first matmul: 2 M d f_e with M = C ep T k / E tokens."""
+    M = cap * np.asarray(ep, dtype=float) * np.asarray(T, dtype=float) * k / E
+    return 2.0 * M * np.asarray(d, dtype=float) * f_e
+
+
+def layer_flops(model, T, t, mats, passes_fwd) -> dict[str, np.ndarray]:
+    """Training FLOPs of one MoE layer's expert part on one GPU: routed (grouped GEMMs) and
+    shared experts + router (TP-split dense GEMMs).  ``passes_fwd``: 3 (fwd + 2 bwd), + 1
+    with full recompute."""
+    m = terms(model)
+    T = np.asarray(T, dtype=float)
+    one = 2.0 * mats  # FLOPs per token per (d x f_e) weight pair
+    routed = passes_fwd * m["cap"] * T * m["k"] * one * m["f_e"]
+    d = np.asarray(model.d_model, dtype=float)
+    shared = passes_fwd * T * (m["n_sh"] * one * m["f_e"] + 2.0 * m["E"]) * d  # T already / t
+    return {"routed": routed * d, "shared": shared}
+
+
+def activation_bytes_layer(model, T, d, mats, bytes_per_value=2.0) -> np.ndarray:
+    """Bytes one MoE layer keeps for backward on one GPU beyond attention: every routed copy
+    keeps its permuted expert input (d, the fc1 weight-gradient operand), the MLP's
+    intermediates (mats f_e: SwiGLU gate, up and product; GeLU input and output) and its
+    expert output (d, for the probability-weighted combine's backward)."""
+    m = terms(model)
+    T = np.asarray(T, dtype=float)
+    per_token = np.asarray(d, dtype=float) * 2.0 + mats * m["f_e"]
+    routed = m["cap"] * T * m["k"] * per_token
+    shared = T * m["n_sh"] * (np.asarray(d, dtype=float) + mats * m["f_e"])
+    return bytes_per_value * (routed + shared)

@@ -1,0 +1,77 @@
+"""Precision: bf16 and FP8 (Transformer Engine style) -- GEMM rate, casts, bytes of each tensor.
+
+bf16: every GEMM at the device's dense BF16 peak (``peak_tflops``).
+
+FP8 (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", arXiv:2209.05433;
+NVIDIA Transformer Engine's ``fp8_autocast`` with per-tensor delayed scaling): the
+linear layers' GEMMs (QKV, attention projection, MLP / expert matrices; forward, input
+gradient and weight gradient) run at ``peak_fp8_tflops`` with the same efficiency curve;
+the attention core (flash attention), the LM head and the embedding stay bf16.
+Casts are memory-bound kernels: each linear's input is read in bf16 (2 bytes) and
+written in FP8 twice (row- and column-wise copies for the forward and weight-gradient
+GEMMs, 1 + 1 bytes), each gradient output read (2) and written once (1); the amax
+reduction is fused into the cast.  Weights are cast once per iteration (TE caches the
+FP8 weight over micro-batches): 2 + 1 + 1 bytes per weight.  FP8 keeps the bf16 weights
+and adds their FP8 copy (1 byte per parameter).  Saved linear inputs are FP8
+(1 byte instead of 2): 7 of Korthikanti's 34 s b d bytes per layer (QKV, projection and
+fc1 inputs, s b d each; fc2 input 4 s b d) are saved.
+
+Model states (Rajbhandari et al. ZeRO, mixed-precision Adam): bf16 weights 2 and
+gradients 2 bytes per parameter; the optimizer holds fp32 momentum and variance (8) and
+an fp32 master copy (4) -- with ``master_weights = bf16`` there is no separate master
+copy (the bf16 weights are updated in place), 8 bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+MASTER_KINDS = ("fp32", "bf16")
+OPT_MOMENTS_BYTES = 8.0  # fp32 Adam m and v
+MASTER_BYTES = {"fp32": 4.0, "bf16": 0.0}
+FP8_WEIGHT_COPY_BYTES = 1.0
+CAST_IN_BYTES = 4.0  # read bf16 (2) + write FP8 row-wise (1) and column-wise (1)
+CAST_GRAD_BYTES = 3.0  # read bf16 (2) + write FP8 (1)
+FP8_SAVED_SBD = 7.0  # s b d bytes of Korthikanti's 34 saved by FP8 linear inputs
+DISPATCH_FP8_BYTES = 1.0 + 4.0 / 128.0  # FP8 value + one fp32 scale per 128 (DeepSeek-V3 sec. 3.3)
+
+
+def master_code(name: str) -> int:
+    from calib.core.errors import InputError
+
+    try:
+        return MASTER_KINDS.index(name.strip().lower())
+    except ValueError:
+        raise InputError("master_weights", f"unknown master-weight dtype '{name}' (fp32, bf16)") from None
+
+
+def optimizer_bytes_per_param(master: ArrayLike = 0) -> np.ndarray:
+    """fp32 Adam moments (8) + master weights (4 fp32, 0 bf16)."""
+    return OPT_MOMENTS_BYTES + np.where(np.asarray(master) == 0, MASTER_BYTES["fp32"], MASTER_BYTES["bf16"])
+
+
+def gemm_time_s(linear_flops, attn_flops, peak_flops, peak_fp8_flops, eff, fp8) -> np.ndarray:
+    """Seconds of a layer's GEMMs: the linear ones at the FP8 peak when ``fp8``, attention at bf16."""
+    fp8 = np.asarray(fp8, dtype=bool)
+    lin_peak = np.where(fp8, peak_fp8_flops, peak_flops)
+    return (np.asarray(linear_flops) / lin_peak + np.asarray(attn_flops) / peak_flops) / np.asarray(eff)
+
+
+def cast_bytes_layer(T, d, ffn, kv_frac, mats, t, passes_fwd=1.0) -> np.ndarray:
+    """HBM bytes of one layer's FP8 casts per micro-batch on one GPU (T tokens on the GPU's
+    TP rank, all column/row-parallel shards / t).
+
+    Forward inputs per token: QKV d, projection d, fc1 d, fc2 ffn (the activation's
+    output).  Backward gradient outputs per token: QKV (1 + 2 kv/a) d, projection d,
+    fc1 (mats - 1) ffn, fc2 d.
+    """
+    T, d, ffn, kv_frac, t = (np.asarray(x, dtype=float) for x in (T, d, ffn, kv_frac, t))
+    fwd_in = 3.0 * d + ffn
+    bwd_out = (1.0 + 2.0 * kv_frac) * d + d + (np.asarray(mats, dtype=float) - 1.0) * ffn + d
+    return T * (passes_fwd * CAST_IN_BYTES * fwd_in + CAST_GRAD_BYTES * bwd_out) / t
+
+
+def weight_cast_bytes(params_gpu) -> np.ndarray:
+    """Once per iteration: read bf16 weights, write row- and column-wise FP8 copies."""
+    return CAST_IN_BYTES * np.asarray(params_gpu, dtype=float)

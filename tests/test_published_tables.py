@@ -1,0 +1,173 @@
+"""Published large runs added for issue 14 item 6, and the shipped tables, under one split.
+
+(a) Round trip: every measured value read from the CSVs equals the figure transcribed
+    below from the source text (the constants are typed from the quoted text, independently
+    of the CSV), and each row's ``quote`` column carries the same numbers.
+(b) Regression bounds: ``--calibrate-on every-third`` (rows 1, 4, 7, ... by position,
+    chosen before any error was seen; never changed afterwards) gives a held-out median
+    |error| below a bound equal to the value observed when the tables were added, rounded
+    up to the next 5 %.  These bounds are *regression* bounds, not accuracy targets: e.g.
+    SC21 Table 2 (ZeRO-3 rows) is 35.8 % and bounded at 40 %.  docs/analytic.md reports
+    every value and what the model cannot express for each run.
+
+Sources (full citations and quoted lines in fixtures/published/SOURCE.txt and the CSVs'
+``source``/``quote`` columns): BLOOM-176B bigscience-workshop/bigscience tr11-176B-ml
+chronicles-prequel.md "Rebalancing layers" + README.md production log line; MT-NLG 530B
+arXiv:2201.11990 Sec. 2.4 as quoted by cli99/llm-analysis; Narayanan et al. SC21
+(arXiv:2104.04473) Table 2 via two agreeing transcriptions.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from calib.analytic.specs import load_hardware
+from calib.analytic.validate import validate
+from calib.analytic.vtable import read_table
+
+PUB = Path(__file__).parents[1] / "fixtures" / "published"
+BLOOM = PUB / "bloom176b_bigscience_jean_zay_iteration_times.csv"
+MTNLG = PUB / "mtnlg530b_smith2022_iteration_times.csv"
+SC21T2 = PUB / "megatron_sc21_table2_ptdp_vs_zero3.csv"
+H100 = PUB / "mosaicml_llmfoundry_fsdp_h100_bf16.csv"
+
+# chronicles-prequel.md "Rebalancing layers" (02-28): (hidden, layers, DP, TP, PP, MBS, NHEADS) -> (Sec/it, TFLOPs)
+BLOOM_SOURCE = {
+    (12288, 106, 8, 4, 12, 2, 64): (116.54, 149.75), (12288, 106, 8, 4, 12, 2, 96): (118.79, 146.90),
+    (12288, 106, 8, 4, 12, 2, 128): (121.42, 143.73), (12288, 106, 8, 4, 12, 4, 96): (120.34, 145.01),
+    (12288, 100, 8, 8, 6, 2, 64): (139.72, 117.91), (12288, 100, 8, 8, 6, 4, 64): (120.96, 136.20),
+    (13312, 82, 4, 8, 12, 4, 64): (111.79, 141.76), (13312, 82, 8, 4, 12, 2, 64): (104.45, 151.71),
+    (13312, 82, 8, 4, 12, 2, 104): (123.71, 128.10), (13312, 82, 8, 4, 12, 2, 128): (108.78, 145.68),
+    (13312, 82, 8, 4, 12, 4, 64): (104.82, 151.18), (13312, 94, 8, 4, 12, 2, 128): (124.10, 146.12),
+    (14336, 70, 4, 8, 12, 2, 64): (121.63, 128.92), (14336, 70, 8, 4, 12, 2, 64): (102.03, 153.68),
+    (14336, 70, 8, 4, 12, 2, 112): (104.50, 150.05), (14336, 70, 8, 4, 12, 2, 128): (105.89, 148.08),
+    (14336, 70, 8, 4, 12, 4, 64): (102.27, 153.33),
+    # README.md "Important checkpoints": iteration 85376, the production layout (TP=4 PP=12 DP=8 MBS=2)
+    (14336, 70, 8, 4, 12, 2, 112, "production"): (104.70, 149.77),
+}  # fmt: skip
+# Section 2.4 as quoted: GPUs (280/350/420 DGX A100 x 8) -> (latency per iteration s, TFLOP/s per GPU)
+MTNLG_SOURCE = {2240: (60.1, 126), 2800: (50.2, 121), 3360: (44.4, 113)}
+# Table 2: (scheme, params B, GPUs) -> (batch, microbatch, TFLOP/s per GPU)
+SC21T2_SOURCE = {
+    ("zero-3", 175, 384): (1536, 4, 144), ("zero-3", 175, 768): (1536, 2, 88), ("zero-3", 175, 1536): (1536, 1, 44),
+    ("zero-3", 530, 640): (2560, 4, 138), ("zero-3", 530, 1120): (2240, 2, 98), ("zero-3", 530, 2240): (2240, 1, 48),
+    ("ptd-p", 175, 384): (1536, 1, 153), ("ptd-p", 175, 768): (1536, 1, 149), ("ptd-p", 175, 1536): (1536, 1, 141),
+    ("ptd-p", 530, 560): (2240, 1, 171), ("ptd-p", 530, 1120): (2240, 1, 167), ("ptd-p", 530, 2240): (2240, 1, 159),
+}  # fmt: skip
+
+
+def _cells(quote: str) -> list[str]:
+    return [c.strip() for c in quote.split("|")[1:-1]]
+
+
+def test_bloom_values_round_trip_from_the_source():
+    df, fmt = read_table(BLOOM)
+    assert fmt == "canonical" and len(df) == len(BLOOM_SOURCE) == 18
+    got = {}
+    for r in df.itertuples():
+        key = (r.d_model, r.n_layers, r.dp, r.tp, r.pp, r.micro_batch, r.n_heads)
+        key += ("production",) if r.group == "production" else ()
+        got[key] = (r.measured_iter_s, r.source_tflops_per_gpu)
+        if r.group == "production":
+            assert "104.70" in r.quote and "149.77" in r.quote and "85376" in r.quote
+            continue
+        nodes, _, dp, tp, pp, mbs, heads, gbs, _, sec, tflops, note = _cells(r.quote)
+        assert (int(nodes) * 8, int(dp), int(tp), int(pp), int(mbs), int(heads), int(gbs), note) == (
+            r.gpus,
+            r.dp,
+            r.tp,
+            r.pp,
+            r.micro_batch,
+            r.n_heads,
+            r.global_batch,
+            "02-28",
+        )
+        assert (float(sec), float(tflops)) == (r.measured_iter_s, r.source_tflops_per_gpu)
+    assert got == BLOOM_SOURCE
+    assert set(df["hardware"]) == {"jean-zay-a100-80gb"} and set(df["vocab"]) == {250880}
+    assert (df["gpus"] == df["dp"] * df["tp"] * df["pp"]).all()  # 48 nodes x 8 = 384 in every row
+
+
+def test_mtnlg_values_round_trip_from_the_source():
+    df, _ = read_table(MTNLG)
+    got = {r.gpus: (r.measured_iter_s, r.source_tflops_per_gpu) for r in df.itertuples()}
+    assert got == MTNLG_SOURCE
+    quoted = re.findall(r"`([\d.]+)`", df["quote"].iloc[0])  # 1920, 280, 350, 420, 60.1, ..., 113
+    assert quoted == ["1920", "280", "350", "420", "60.1", "50.2", "44.4", "126", "121", "113"]
+    assert set(df["global_batch"]) == {1920} and (df["gpus"] == df["dp"] * 280).all()
+
+
+def test_sc21_table2_values_round_trip_from_the_source():
+    df, _ = read_table(SC21T2)
+    got = {}
+    for r in df.itertuples():
+        size = 175 if r.d_model == 12288 else 530
+        got[(r.group, size, r.gpus)] = (r.global_batch, r.micro_batch, r.measured_tflops_per_gpu)
+        scheme, params, mp, batch, gpus, micro, tflops, _days = _cells(r.quote.split(" (file")[0])
+        assert (scheme.lower(), int(batch.rstrip("*")), int(gpus), int(micro), float(tflops)) == (
+            r.group,
+            r.global_batch,
+            r.gpus,
+            r.micro_batch,
+            r.measured_tflops_per_gpu,
+        )
+        assert int(mp) == r.tp * r.pp  # model-parallel size 1 (ZeRO-3), 96 = 8 x 12, 280 = 8 x 35
+    assert got == SC21T2_SOURCE
+
+
+# llm-foundry README "H100 80GB BF16" (typed from the README text, a sample across the table):
+# (Model, SeqLen, # GPUs) -> (MicroBatchSize, GlobalBatchSize, Throughput T/s, Throughput T/s/GPU)
+H100_SOURCE = {
+    ("70b", 2048, 64): (8, 2048, 66523, 1039), ("30b", 8192, 8): (1, 168, 11072, 1384),
+    ("13b", 2048, 64): (2, 128, 307209, 4800), ("7b", 65536, 8): (1, 16, 15654, 1956),
+    ("3b", 512, 8): (40, 1920, 223721, 27965), ("1b", 2048, 64): (20, 1280, 2841754, 44402),
+    ("760m", 512, 8): (96, 1536, 669998, 83749),
+}  # fmt: skip
+
+
+def test_mosaic_h100_bf16_values_round_trip_from_the_source():
+    raw = pd.read_csv(H100)
+    assert len(raw) == 52 and set(raw["Precision"]) == {"amp_bf16"} and set(raw["GPU"]) == {"h100_80gb"}
+    key = list(zip(raw["Model"], raw["SeqLen (T)"], raw["# GPUs"], strict=True))
+    got = dict(zip(key, raw[["MicroBatchSize", "GlobalBatchSize", "Throughput (T/s)", "Throughput (T/s/GPU)"]]
+                   .itertuples(index=False, name=None), strict=True))  # fmt: skip
+    assert {k: got[k] for k in H100_SOURCE} == H100_SOURCE
+    # every row: the per-GPU column is the total over the GPUs (the README truncates to an integer)
+    per_gpu = raw["Throughput (T/s)"] / raw["# GPUs"]
+    assert ((per_gpu - raw["Throughput (T/s/GPU)"]).abs() < 1).all()
+    df, fmt = read_table(H100)
+    assert fmt == "mosaicml" and set(df["hardware"]) == {"dgx-h100"} and set(df["zero"]) == {3}
+    assert df["measured_tokens_per_s_per_gpu"].tolist() == raw["Throughput (T/s/GPU)"].tolist()
+
+
+def test_jean_zay_preset_is_four_100g_links_per_node():
+    hw = load_hardware("jean-zay")
+    assert hw.node_nic_gbps == 4 * 100 / 8  # "4 OmniPath links", 100 Gb/s each -> GB/s per node
+    assert (hw.gpus_per_node, hw.hbm_gb, hw.peak_tflops) == (8, 80, 312)
+
+
+# (table, held-out rows, observed median |err| % when added, bound = observed rounded up to 5 %)
+EVERY_THIRD = [
+    (BLOOM, 12, 1.60, 5.0),
+    (MTNLG, 2, 2.50, 5.0),
+    (SC21T2, 8, 35.81, 40.0),
+    (PUB / "megatron_sc21_table1_weak_scaling.csv", 6, 3.05, 5.0),
+    (PUB / "korthikanti2022_table5_iteration_times.csv", 5, 1.67, 5.0),
+    (PUB / "megatron_readme_2020_tp_dp_scaling_iteration_times.csv", 8, 2.98, 5.0),
+    (PUB / "mosaicml_llmfoundry_fsdp_a100.csv", 92, 9.11, 10.0),
+    (H100, 34, 13.15, 15.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "held", "observed", "bound"), EVERY_THIRD, ids=lambda v: getattr(v, "stem", None)
+)
+def test_every_third_held_out_median_stays_under_its_regression_bound(path, held, observed, bound):
+    df, _ = read_table(path)
+    v = validate(df, str(path), calibrate_on="every-third")
+    assert int((v.rows["role"] == "held-out").sum()) == held
+    assert v.summary["median_abs_pct"] < bound
+    assert observed < bound <= observed + 5.0  # the bound is the reported value rounded up to 5 %
