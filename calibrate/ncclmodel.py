@@ -163,6 +163,7 @@ def time_s(
     gpus_per_node: float,
     *,
     shift: float = 0.0,
+    fill: Sequence = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, algorithm) of ``collective`` of ``nbytes`` over ``n_gpus`` spanning nodes.
 
@@ -192,7 +193,9 @@ def time_s(
         t = (n[..., None] + k - 2.0) * step_time_s(segs, piece)
         t = np.where((piece >= MIN_PIECE_BYTES) | (k == k[..., :1]), t, np.inf)
         return t.min(axis=-1), ring
-    t_ring = ring_steps(collective, n) * step_time_s(segs, S / n)
+    t_ring = ring_time_s(
+        segs, shifted_segments(fill, -shift), _floats(params), ring_steps(collective, n), S / n
+    )
     if collective != ALLREDUCE:
         return t_ring, ring
     t_ring = t_ring * _v(params, "ring_step_ratio", shift)
@@ -214,6 +217,26 @@ def time_s(
     else:
         use_tree = t_tree < t_ring
     return np.where(use_tree, t_tree, t_ring), np.where(use_tree, "tree", "ring")
+
+
+def ring_time_s(segments: Sequence, fill: Sequence, f: Mapping[str, float], nsteps, chunk) -> np.ndarray:
+    """A ring collective of ``nsteps`` steps of ``chunk`` bytes.
+
+    tau(c) is read as the fitted scale's time over its ``fill_steps`` steps, so it spreads
+    the pipeline's once-only fill and drain L0(c) (:mod:`calibrate.ringfill`) over them:
+    the first ``fill_steps`` steps cost tau(c), every further one the marginal step
+    tau(c) - L0(c) / fill_steps (at least a tenth of tau).  Without L0 (no ring all-reduce
+    at the fitted scale, or a chunk below ``fill_min_chunk_bytes``) every step costs tau."""
+    tau = step_time_s(segments, chunk)
+    nsteps = np.asarray(nsteps, dtype=float)
+    n_fill = f.get("fill_steps", 0.0)
+    if not fill or n_fill <= 0:
+        return nsteps * tau
+    c = np.asarray(chunk, dtype=float)
+    l0 = np.where(c >= f.get("fill_min_chunk_bytes", np.inf), step_time_s(fill, c), 0.0)
+    tau_m = np.maximum(tau - l0 / n_fill, 0.1 * tau)
+    first = np.minimum(nsteps, n_fill)
+    return first * tau + (nsteps - first) * tau_m
 
 
 def tuner_graph(f: Mapping[str, float], segments: Sequence) -> nccltuner.TunerGraph:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from calib.calibrate import ncclmodel, nccltuner
+from calib.calibrate import ncclmodel, nccltuner, ringfill
 from calib.calibrate.calibration import (
     DEFAULT,
     FITTED,
@@ -92,13 +92,16 @@ def fit_nccl(
                 "no all-gather/reduce-scatter samples: the ring step curve comes from the all-reduce logs "
                 "read as rings (2(n-1) steps); where NCCL ran a tree there, it is optimistic"
             )
+        marg, marg_params = ringfill.fit_marginal(inter, min_bytes=MIN_FIT_BYTES, tree_ratio=TREE_RATIO)
         for coll in (ALLGATHER, REDUCESCATTER):
-            base = {"gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines")}
+            base = {"gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines"), **marg_params}
             derived = coll not in inter
             src = inter.get(coll) or inter.get(ALLGATHER) or inter.get(REDUCESCATTER) or inter[ALLREDUCE]
-            out[coll] = _scaling(coll, base, steps, src, gpn, derived=derived, used=used)
+            out[coll] = _scaling(coll, base, steps, src, gpn, derived=derived, used=used, marginal=marg)
     if ALLREDUCE in inter and steps is not None:
-        out[ALLREDUCE] = _fit_allreduce(inter[ALLREDUCE], steps, gpn, where, topology or {}, topology_note)
+        out[ALLREDUCE] = _fit_allreduce(
+            inter[ALLREDUCE], steps, gpn, where, topology or {}, topology_note, marg, marg_params
+        )
     if ALLTOALL in inter:
         out[ALLTOALL] = _fit_alltoall(inter[ALLTOALL], gpn, where, topology or {}, topology_note)
     if steps is not None:
@@ -158,6 +161,7 @@ def _scaling(
     derived: bool,
     used: str,
     quality: FitQuality | None = None,
+    marginal: CollectiveCurve | None = None,
 ) -> NetworkScaling:
     params = {
         **params,
@@ -181,6 +185,7 @@ def _scaling(
         params=params,
         quality=quality if quality is not None else steps.quality,
         segments=steps.segments,
+        fill_segments=marginal.segments if marginal is not None else (),
     )
     meas = () if derived else _measured_eff(coll, src)
     from dataclasses import replace
@@ -254,11 +259,18 @@ def _fit_allreduce(
     where: str,
     topo: Mapping[str, float],
     topo_note: str,
+    marg: CollectiveCurve | None = None,
+    marg_params: Mapping[str, Param] | None = None,
 ) -> NetworkScaling:
     """rho from the sizes the ring explains; (A, B_tree) from those it cannot (the tree's);
     whether NCCL's tuner (:mod:`calibrate.nccltuner`) reproduces the logged choices."""
     n, S, T = _points(pairs, 0.0)
-    ring0 = ncclmodel.ring_steps(ALLREDUCE, n) * ncclmodel.step_time_s(steps.segments, S / n)
+    marg_params = dict(marg_params or {})
+    marg_segs = marg.segments if marg is not None else ()
+    f_marg = {k: v.value for k, v in marg_params.items()}
+    ring0 = ncclmodel.ring_time_s(
+        steps.segments, marg_segs, f_marg, ncclmodel.ring_steps(ALLREDUCE, n), S / n
+    )
     ratio = T / ring0
     is_tree = ratio < TREE_RATIO
     big = S >= MIN_FIT_BYTES
@@ -324,6 +336,7 @@ def _fit_allreduce(
             f"(median over the {len(rr)} ring-regime sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB)",
         ),  # fmt: skip
         **_topology_params(topo, topo_note),
+        **marg_params,
         "tree_lat_scale": lat,
         "tree_busbw_gbps": bw,
         "tuner_busbw_gbps": _fixed(
@@ -348,7 +361,7 @@ def _fit_allreduce(
         ),  # fmt: skip
         **extra,
     }
-    ns = _scaling(ALLREDUCE, params, steps, pairs, gpn, derived=False, used="")
+    ns = _scaling(ALLREDUCE, params, steps, pairs, gpn, derived=False, used="", marginal=marg)
     t_pred, _ = ns.model_time_s(S[big], n[big])
     r = np.log(t_pred) - np.log(T[big])
     q = _quality(

@@ -73,9 +73,15 @@ def test_allgather_at_scale_follows_the_chunk(nets):
     bb8 = S * busbw_factor("allgather", 32) / t8
     bb512 = S * busbw_factor("allgather", 512) / t512
     assert bb512[0] < bb8[0] / 4
-    # the same chunk (1 GiB on 512 GPUs = 64 MiB on 32 GPUs) costs the same per step
+    # the same chunk (1 GiB on 512 GPUs = 64 MiB on 32 GPUs, the fitted scale): the 480
+    # further steps each cost the marginal step tau - L0 / 31, L0 = the measured fill
     t_same, _ = ag.model_time_s(np.array([64 * 2**20]), 32.0)
-    assert t512[1] / 511 == pytest.approx(t_same[0] / 31, rel=1e-9)
+    c = np.array([2.0**21])
+    tau = ncclmodel.step_time_s(ag.segments, c)[0]
+    l0 = ncclmodel.step_time_s(ag.fill_segments, c)[0]
+    assert ag.params["fill_steps"].value == 31 and 0 < l0 < 31 * tau
+    assert t_same[0] == pytest.approx(31 * tau, rel=1e-9)
+    assert t512[1] == pytest.approx(31 * tau + 480 * (tau - l0 / 31), rel=1e-9)
 
 
 def test_allreduce_picks_tree_at_scale_with_log_depth_latency(samples):
@@ -141,8 +147,10 @@ def test_selfcheck_two_to_eight_nodes(samples):
     table = selfcheck(_population(samples, "2.21"), topology=POLARIS_TOPOLOGY)
     s = summary(table)
     assert s["points"] == 33 and set(table["nodes"]) == {8} and set(table["fit_nodes"]) == {2}
-    assert s["median_abs_error"] <= 0.10
-    assert s["median_abs_error_allgather"] <= 0.15 and s["median_abs_error_alltoall"] <= 0.10
+    assert s["median_abs_error"] <= 0.10  # the bound
+    assert s["median_abs_error"] <= 0.05  # as reached (docs/network.md: 4.9 %)
+    for coll in ("allreduce", "allgather", "alltoall"):
+        assert s[f"median_abs_error_{coll}"] <= 0.06, coll
     # large messages, where the ring bandwidth rules, within 6 %
     big = table[(table["bytes"] >= 2**28) & (table["collective"] != "alltoall")]
     assert big["error"].abs().max() < 0.06
@@ -151,8 +159,8 @@ def test_selfcheck_two_to_eight_nodes(samples):
 #: median |error| of the 2 -> 8-node self-check per population as measured (docs/network.md),
 #: rounded up to the next half percent: a regression in any population fails here
 SELFCHECK_MEDIAN = {
-    ("", 1): 0.115, ("", 2): 0.075, ("", 3): 0.095, ("", 4): 0.09, ("", 5): 0.13,
-    ("2.21", 1): 0.055, ("2.21", 4): 0.10, ("2.21", 5): 0.065,
+    ("", 1): 0.155, ("", 2): 0.075, ("", 3): 0.095, ("", 4): 0.09, ("", 5): 0.115,
+    ("2.21", 1): 0.055, ("2.21", 4): 0.08, ("2.21", 5): 0.05,
 }  # fmt: skip
 
 
