@@ -298,9 +298,10 @@ def _fit_allreduce(
             lambda x: np.log(x[0] * lat_us[m] * 1e-6 + bus[m] / x[1]) - np.log(T[m]),
             [1.0, b0], [0.0, 1e-3], [1e4, cap], where, "all-reduce tree", int(m.sum()),
         )  # fmt: skip
-        # LL moves 8 of every 16 bytes: only Simple-protocol tree sizes show the tree's bandwidth
+        # the LL tree's bandwidth is the tuner's guess (busBw / 3.8): the tree's bandwidth is
+        # taken as measured only when a Simple-protocol tree size is among the points
         n_simple = int((m & (tree_proto == "Simple")).sum())
-        unseen = n_simple < 3 or x[1] >= cap * (1 - 1e-6) or not np.isfinite(se[1]) or se[1] > 0.5 * x[1]
+        unseen = n_simple < 1 or x[1] >= cap * (1 - 1e-6) or not np.isfinite(se[1]) or se[1] > 0.5 * x[1]
         if unseen:
             # the tree sizes are latency-bound: their bandwidth is not in the logs
             x, se, _ = _lsq(
@@ -310,8 +311,8 @@ def _fit_allreduce(
             bw = Param(cap, unit="GB/s", status=DEFAULT, note=f"{tree_note}, {n_simple} of them Simple-protocol: default "
                        f"{ncclmodel.NCCL_TREE_BW_FACTOR} x the ring step plateau (tuning.cc tree busBw x .92)")  # fmt: skip
         else:
-            bw = _param(x[1], se[1], "GB/s", FITTED, f"tree bus bandwidth (before NCCL's treeCorrectionFactor), "
-                        f"at most {ncclmodel.NCCL_TREE_BW_FACTOR} x the ring step plateau; {tree_note}")  # fmt: skip
+            bw = _param(x[1], se[1], "GB/s", FITTED, "tree bandwidth per NIC direction (2 S bytes beyond 2 nodes, "
+                        f"S at 2), before NCCL's treeCorrectionFactor; {n_simple} Simple-protocol sizes; {tree_note}")  # fmt: skip
         lat = _param(x[0], se[0], "", FITTED, f"{lat_what}; {tree_note}")
     else:
         # no tree regime in the data: NCCL's own tree model, scaled like the measured ring
