@@ -30,6 +30,9 @@ from calib.calibrate.collectives import MIN_SIZES
 
 from calib.core.collective_names import ALLGATHER, ALLREDUCE, SENDRECV
 
+#: the fill's bandwidth when the fit finds no per-byte part (1e9 GB/s: c / b_fill vanishes)
+BW_NO_BYTES_GBPS = 1e9
+
 
 def fit_marginal(
     inter: Mapping[str, Sequence], *, min_bytes: float, tree_ratio: float
@@ -66,10 +69,12 @@ def fit_marginal(
     se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     src = f"2 t_allgather - t_allreduce at {n} GPUs, {int(ok.sum())} ring sizes >= {S[ok].min() / 2**10:.0f} KiB"
     alpha = Param(float(x[0]), stderr=float(se[0]), unit="s", status=FITTED, note=f"fill latency l0; {src}")
-    # busbw of the fill's per-byte part (GB/s); its stderr by error propagation
+    # busbw of the fill's per-byte part (GB/s), its stderr by error propagation; at a bound
+    # (no per-byte part, or a whole chunk) the value is the bound's and has no stderr
     k, se_k = float(x[1]), float(se[1])
-    bw = 1e-9 / k if k > 0 else 1e9
-    bw_se = bw * se_k / k if k > 0 else None
+    at_bound = k <= 0 or k >= (1 - 1e-9) / b_step
+    bw = 1e-9 / k if k > 0 else BW_NO_BYTES_GBPS
+    bw_se = None if at_bound else bw * se_k / k
     seg = Segment(
         min_bytes=float(c.min()),
         max_bytes=float(c.max()),
