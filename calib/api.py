@@ -361,7 +361,9 @@ def validate(
     from calib.analytic.validate import hardware_conflicts
     from calib.analytic.validate import validate as run_validate
     from calib.analytic.vtable import read_table
+    from calib.core.bundled import table_or_published
 
+    table = table_or_published(table)
     df, _ = read_table(str(table), fmt)
     base = model.machine()[0] if model is not None else None
     if base is not None and not override_hardware and hardware_conflicts(df, base):

@@ -379,7 +379,7 @@ class Calibration:
             return cls.from_json(raw)
         except KeyError as exc:
             raise InputError(path, f"malformed calibration: missing field {exc}") from None
-        except (LookupError, TypeError, ValueError, AttributeError) as exc:
+        except (LookupError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
             raise InputError(path, f"malformed calibration: {exc}") from None
 
 

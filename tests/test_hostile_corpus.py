@@ -241,7 +241,11 @@ def mutate_structure(doc, data, base_key: int):
         if isinstance(target, dict):
             target[data.draw(st.sampled_from(["bogus", "VALUE", "value ", "extra_field"]))] = 1
     elif isinstance(parent[key], (int, float)) and not isinstance(parent[key], bool):
-        parent[key] = parent[key] * data.draw(st.sampled_from([-1, 0, 1e300, 1e-300, 2**70]))
+        factor = data.draw(st.sampled_from([-1, 0, 1e300, 1e-300, 2**70]))
+        try:
+            parent[key] = parent[key] * factor
+        except OverflowError:  # an int beyond float range times a float
+            parent[key] = float("inf")
     return doc
 
 

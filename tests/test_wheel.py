@@ -11,6 +11,7 @@ published tables come from the wheel's package data (:mod:`calib.core.bundled`).
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -85,6 +86,10 @@ def test_installed_wheel_runs_the_pipeline_outside_the_repository(tmp_path: Path
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "MPLBACKEND": "Agg"}
     out = subprocess.run([vpy, "-c", SCRIPT, str(site)], cwd=work, env=env, **{**run, "check": False})
     assert out.returncode == 0 and "predictions" in out.stdout, out.stdout + out.stderr
-    # the console script of the wheel answers too (help only: the demo itself takes ~20 s)
+    # the console script of the wheel finds a bundled published table by its bare name
+    table = "megatron_sc21_table1_weak_scaling.csv"
+    out = subprocess.run([venv / "bin" / "calib", "validate", table, "--calibrate-on", "1,4,7,10", "--json"], cwd=work, env=env, **run)  # fmt: skip
+    doc = json.loads(out.stdout)  # the 10 rows of the bundled table (SC21 Table 1), predicted
+    assert Path(doc["table"]).parent == site / "calib" / "fixtures" / "published" and doc["rows"] == 10
     out = subprocess.run([venv / "bin" / "calib", "demo", "--help"], cwd=work, env=env, **run)
     assert "CALIB_FIXTURES" in out.stdout

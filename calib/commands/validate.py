@@ -118,7 +118,10 @@ def validate(
         raise InputError("--json", "give either --json or --csv")
     if runs_system:
         return _validate_runs(runs_system, measured, table, store, as_json, as_csv, out)
-    df, name = read_table(require(table, "TABLE"), fmt)
+    from calib.core.bundled import table_or_published
+
+    table = str(table_or_published(require(table, "TABLE")))
+    df, name = read_table(table, fmt)
     base = (
         resolve_system(system, calibration, hardware, store)[0]
         if (system or calibration or hardware)

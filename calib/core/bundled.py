@@ -40,3 +40,17 @@ def fixtures_dir() -> Path:
 def published_dir() -> Path:
     """The published tables (``fixtures/published``)."""
     return fixtures_dir() / "published"
+
+
+def table_or_published(name: str | Path) -> Path:
+    """``name`` as given when it exists; else, for a bare file name, the bundled published
+    table of that name when there is one (so ``calib validate megatron_sc21_...csv`` works
+    from any directory); else ``name`` (whose reader then says it is missing)."""
+    path = Path(name)
+    if path.exists() or path.parent != Path("."):
+        return path
+    try:
+        bundled = published_dir() / path.name
+    except InputError:
+        return path
+    return bundled if bundled.is_file() else path
