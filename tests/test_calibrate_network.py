@@ -200,3 +200,37 @@ def test_no_tree_regime_falls_back_to_nccl_defaults(samples):
     p = out["allreduce"].params
     if p["tree_lat_scale"].status == DEFAULT:
         assert "default" in p["tree_busbw_gbps"].note and p["tree_busbw_gbps"].stderr is None
+
+
+def test_ring_fill_is_allgather_twice_minus_allreduce(samples):
+    """At one scale and chunk the ring all-reduce runs 2(n-1) steps and the all-gather n-1,
+    one pipeline fill each: L0 = 2 t_allgather - t_allreduce.  On the 2.21 setup-5 2-node
+    logs it is positive and below one all-gather over the run of ring sizes, fitted with
+    standard errors; the fitted scale's all-gather is reproduced as 7 tau (the fill is
+    inside tau there), and each step beyond costs tau - L0 / 7 (ncclmodel.ring_time_s)."""
+    from calib.calibrate import ringfill
+
+    pop = _population(samples, "2.21")
+    pairs = fit_pairs(pop[pop["nnodes"] == 2])
+    curve, params = ringfill.fit_marginal(pairs, min_bytes=256 * 1024.0, tree_ratio=0.8)
+    assert curve is not None and params["fill_steps"].value == 7
+    seg = curve.segments[0]
+    assert seg.alpha_s.stderr is not None and 0 < seg.alpha_s.value < 1e-3
+    ag, ar = pairs["allgather"][0][1], pairs["allreduce"][0][1]
+    big = ag.bytes[ag.bytes >= params["fill_min_chunk_bytes"].value * 8]
+    l0_meas = np.array([2 * ag.time_s[ag.bytes == s][0] - ar.time_s[ar.bytes == s][0] for s in big])
+    assert (l0_meas > 0).all() and (l0_meas < ag.time_s[np.isin(ag.bytes, big)]).all()
+    f = {k: v.value for k, v in params.items()}
+    c = np.array([2.0**20])
+    nets, _ = fit_nccl(pairs, where="t", topology=POLARIS_TOPOLOGY)
+    tau = ncclmodel.step_time_s(nets["allgather"].segments, c)[0]
+    l0 = ncclmodel.step_time_s(curve.segments, c)[0]
+    t = ncclmodel.ring_time_s(nets["allgather"].segments, curve.segments, f, np.array([7.0, 31.0]), c)
+    assert t[0] == pytest.approx(7 * tau) and t[1] == pytest.approx(7 * tau + 24 * (tau - l0 / 7))
+
+
+def test_tree_nic_bytes_double_beyond_two_nodes():
+    """Double binary tree, S bytes: at 2 nodes each NIC carries S per direction; beyond,
+    a node interior to one tree (S from two children + S/2 from its parent) and a leaf of
+    the other (S/2 from its parent) carries 2 S (NVIDIA/nccl#946: 2 nodes is a special case)."""
+    np.testing.assert_array_equal(ncclmodel.tree_nic_bytes(1.0, np.array([2.0, 8.0, 540.0])), [1.0, 2.0, 2.0])
