@@ -32,7 +32,8 @@ model follows it:
   CollNet need NVSwitch multicast / SHARP; a system whose spec has neither never uses
   them (Polaris: neither), and no sample could calibrate them, so they are not modelled.
 * **All-to-all** (n - 1 point-to-point exchanges of S / n, all posted at once): one
-  per-peer cost l_peer for each of the n - 1 peers, plus the bytes leaving each node,
+  per-peer cost for each of the n - 1 peers -- l_LL while the per-peer message S / n is
+  within NCCL's P2P LL threshold (16 KiB), l_peer above (Simple) -- plus the bytes leaving each node,
   ``gpn * S * (n - gpn) / n``, over the node's effective NIC bandwidth B_node, slowed
   by the topology's contention factor (:func:`contention`).
 * **Send/recv**: one hop, tau(S).
@@ -71,6 +72,9 @@ NCCL_RING_NET_LAT_US = 14.0
 #: NCCL's Simple-protocol step: buffSize 4 MiB / NCCL_STEPS 8 = 512 KiB per channel; a
 #: broadcast/reduce chain forwards the message in pieces of this size
 NCCL_SIMPLE_STEP_BYTES = 512 * 1024.0
+#: enqueue.cc ``NCCL_PARAM(P2pLLThreshold, "P2P_LL_THRESHOLD", 16384)`` (2.14+): a send/recv
+#: of at most this many bytes runs the LL protocol, a larger one Simple
+NCCL_P2P_LL_THRESHOLD_BYTES = 16384.0
 
 MIN_PIECE_BYTES = 4096.0  # smallest piece a chain splits a message into
 TOPOLOGY_CODES = {"none": 0.0, "dragonfly": 1.0, "fat-tree": 2.0}
@@ -177,10 +181,14 @@ def time_s(
     ring = np.full(S.shape, "ring", dtype=object)
     if collective == ALLTOALL:
         peer = _v(params, "per_peer_s", shift)
+        if "per_peer_ll_s" in params:
+            # NCCL sends a peer's message with LL up to its P2P LL threshold, Simple above
+            ll = S / n <= _floats(params)["p2p_ll_threshold_bytes"]
+            peer = np.where(ll, _v(params, "per_peer_ll_s", shift), peer)
         bw = max(_v(params, "node_busbw_gbps", shift, -1.0), 1e-6) * 1e9
         node_bytes = gpn * S * np.maximum(n - gpn, 0.0) / n
         t = (n - 1.0) * peer + node_bytes / bw * contention(nodes, _floats(params))
-        return t, np.full(S.shape, "p2p", dtype=object)
+        return t, np.where(S / n <= _floats(params).get("p2p_ll_threshold_bytes", -1.0), "p2p LL", "p2p")
     segs = shifted_segments(segments, shift)
     if collective == SENDRECV:
         return step_time_s(segs, S), np.full(S.shape, "p2p", dtype=object)

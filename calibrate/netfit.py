@@ -380,18 +380,41 @@ def _fit_alltoall(
     node_bytes = gpn * S * np.maximum(n - gpn, 0.0) / n * 1e-9
     cont = ncclmodel.contention(n / gpn, topo)
 
+    ll = S / n <= ncclmodel.NCCL_P2P_LL_THRESHOLD_BYTES
+    split = ll.sum() >= 2 and (~ll).sum() >= 2  # both protocols seen: one per-peer cost each
+
     def resid(x):
-        return np.log((n - 1.0) * x[0] + node_bytes / x[1] * cont) - np.log(T)
+        peer = np.where(ll, x[2], x[0]) if split else x[0]
+        return np.log((n - 1.0) * peer + node_bytes / x[1] * cont) - np.log(T)
 
     bw0 = float(np.median(node_bytes / T))
-    x, se, r = _lsq(resid, [1e-5, bw0], [0.0, 1e-3], [1.0, 1e4], where, "all-to-all", len(T))
+    x0, lo, hi = (
+        ([1e-5, bw0, 1e-5], [0.0, 1e-3, 0.0], [1.0, 1e4, 1.0])
+        if split
+        else ([1e-5, bw0], [0.0, 1e-3], [1.0, 1e4])
+    )
+    x, se, r = _lsq(resid, x0, lo, hi, where, "all-to-all", len(T))
     scales = sorted({int(v) for v in n})
+    thr = f"{ncclmodel.NCCL_P2P_LL_THRESHOLD_BYTES / 1024:.0f} KiB (enqueue.cc P2P_LL_THRESHOLD)"
     params = {
         "gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines"),
-        "per_peer_s": _param(x[0], se[0], "s", FITTED, "cost per peer (n - 1 peers)"),
+        "per_peer_s": _param(
+            x[0],
+            se[0],
+            "s",
+            FITTED,
+            f"cost per peer (n - 1 peers), Simple: per-peer message > {thr}"
+            if split
+            else "cost per peer (n - 1 peers)",
+        ),  # fmt: skip
         "node_busbw_gbps": _param(x[1], se[1], "GB/s", FITTED, "bytes leaving a node per second (its NICs)"),
         **_topology_params(topo, topo_note),
     }
+    if split:
+        params["per_peer_ll_s"] = _param(
+            x[2], se[2], "s", FITTED, f"cost per peer, LL: per-peer message <= {thr}"
+        )
+        params["p2p_ll_threshold_bytes"] = _fixed(ncclmodel.NCCL_P2P_LL_THRESHOLD_BYTES, thr, unit="B")
     q = _quality(r, np.log(T), f"per-peer cost + node NIC bytes at {scales} GPUs, all sizes")
     return _scaling(ALLTOALL, params, _no_steps(), pairs, gpn, derived=False, used="", quality=q)
 

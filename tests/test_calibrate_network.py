@@ -56,7 +56,7 @@ def test_ring_step_curve_reproduces_the_8_node_allgather(samples, nets):
 
 def test_parameters_carry_standard_errors(nets):
     a2a = nets["alltoall"].params
-    for k in ("per_peer_s", "node_busbw_gbps"):
+    for k in ("per_peer_s", "per_peer_ll_s", "node_busbw_gbps"):
         assert a2a[k].status == FITTED and a2a[k].stderr is not None and 0 < a2a[k].stderr < a2a[k].value
     # the NIC carries 18-23 GB/s of all-to-all bytes per node on Polaris (2 x Slingshot 11)
     assert 15 < a2a["node_busbw_gbps"].value < 25
@@ -148,7 +148,7 @@ def test_selfcheck_two_to_eight_nodes(samples):
     s = summary(table)
     assert s["points"] == 33 and set(table["nodes"]) == {8} and set(table["fit_nodes"]) == {2}
     assert s["median_abs_error"] <= 0.10  # the bound
-    assert s["median_abs_error"] <= 0.05  # as reached (docs/network.md: 4.9 %)
+    assert s["median_abs_error"] <= 0.045  # as reached (docs/network.md: 4.2 %)
     for coll in ("allreduce", "allgather", "alltoall"):
         assert s[f"median_abs_error_{coll}"] <= 0.06, coll
     # large messages, where the ring bandwidth rules, within 6 %
@@ -159,8 +159,8 @@ def test_selfcheck_two_to_eight_nodes(samples):
 #: median |error| of the 2 -> 8-node self-check per population as measured (docs/network.md),
 #: rounded up to the next half percent: a regression in any population fails here
 SELFCHECK_MEDIAN = {
-    ("", 1): 0.155, ("", 2): 0.075, ("", 3): 0.095, ("", 4): 0.09, ("", 5): 0.115,
-    ("2.21", 1): 0.055, ("2.21", 4): 0.08, ("2.21", 5): 0.05,
+    ("", 1): 0.125, ("", 2): 0.06, ("", 3): 0.095, ("", 4): 0.10, ("", 5): 0.125,
+    ("2.21", 1): 0.055, ("2.21", 4): 0.075, ("2.21", 5): 0.045,
 }  # fmt: skip
 
 
