@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from calib.core.atomic import write_text
 from calib.core.bundled import ENV, fixtures_dir
 from calib.core.errors import InputError
 
@@ -64,8 +65,8 @@ def prepare(out: Path) -> Path:
         raise InputError("out", f"{out} is not empty and was not made by `calib demo`; give a new directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / MARKER).write_text(
-            "made by `calib demo`; its store/ and report/ are replaced by the next demo\n"
+        write_text(
+            out / MARKER, "made by `calib demo`; its store/ and report/ are replaced by the next demo\n"
         )
     except OSError as exc:
         raise InputError("out", f"cannot write {out}: {exc.strerror or exc}") from None

@@ -129,3 +129,13 @@ def test_unknown_keys_are_one_line_naming_file_and_key(fitted, polaris, tmp_path
         Calibration.load(bad)
     line = exc.value.line()
     assert "\n" not in line and line.startswith(str(bad)) and "'speed_of_light_mps'" in line
+
+
+def test_show_prints_the_compute_slots(fitted) -> None:
+    from calib.commands.show import render
+
+    cal, _ = fitted
+    s = cal.compute_slots_per_node
+    line = next(x for x in render(cal).splitlines() if "compute slots/node" in x)
+    expected = f"{s.value:.3g}" + (f" ± {s.stderr:.3g}" if s.stderr is not None else "")
+    assert expected in line, line

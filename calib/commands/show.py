@@ -181,6 +181,12 @@ def render(cal: Calibration, *, brief: bool = False, nodes: tuple[int, ...] = DE
     _curve("GEMM efficiency", cal.gemm_efficiency_curve, L)
     for k, v in sorted(cal.dispatch.items()):
         L.append(f"  {k:<18} {_p(v, 1e6, '{:.2f}')} us" + (f"  ({v.note})" if v.note and not brief else ""))
+    slots = cal.compute_slots_per_node
+    if slots is not None:
+        L.append(
+            f"  compute slots/node {_p(slots, 1, '{:.3g}')}  (r ranks on a node run max(1, r / slots) slower)"
+            + (f"  ({slots.note})" if slots.note and not brief else "")
+        )
     if cal.device_model is not None:
         from calib.commands.device_text import render as device_lines
 
