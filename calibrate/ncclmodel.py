@@ -14,22 +14,24 @@ model follows it:
   tuner's constant ``baseLat`` is shared by all n - 1 steps).  So the time of one ring
   step is a function tau(c) of the chunk -- piecewise alpha-beta, one regime per
   protocol/channel choice -- that does not depend on n, and
-  ``t_ring(n, S) = nsteps(n) * tau(S / n)``.  tau is fitted from nccl-tests logs in
-  chunk space (:mod:`calibrate.netfit`).  Every ring step crosses a node boundary when
-  gpus_per_node < n (the ring leaves each node once per channel), so the step runs at
-  the NIC level; inside a node the NVLink curves apply (``Calibration.collective_time_s``).
+  ``t_ring(n, S) = nsteps(n) * tau(S / n)`` -- except that tau, read at the fitted
+  scale, carries that ring's once-only pipeline fill and drain: steps beyond the fitted
+  scale's cost tau - L0 / fill_steps (:func:`ring_time_s`, :mod:`calibrate.ringfill`).
+  tau is fitted from nccl-tests logs in chunk space (:mod:`calibrate.netfit`).  Every ring
+  step crosses a node boundary when gpus_per_node < n (the ring leaves each node once per
+  channel), so the step runs at the NIC level; inside a node the NVLink curves apply
+  (``Calibration.collective_time_s``).
 * **Tree** (all-reduce only; NCCL's double binary tree across nodes, a chain inside each
-  node).  The tuner's tree latency is ``2 ((ppn - 1) intraLat + log2i(nNodes) interLat)``
-  with ``hwLat`` NVLink/Simple 4 us and NET/Simple 14 us; its bandwidth is one
-  pipelined stream.  Here ``t_tree = A * L_nccl(nodes, ppn) + S * 2 (n-1)/n / B_tree``:
-  NCCL's latency shape (constants fixed from tuning.cc) times a fitted scale A (the
-  real network's latency over NCCL's table), and a fitted tree bus bandwidth, at most
-  0.92 x the ring's (tuning.cc: ``busBw * .92`` for the tree).  A tree's neighbours
+  node): ``A * L_tuner + NIC bytes / (B_tree * share * treeCorrectionFactor)`` with the
+  latency, protocol share and correction of the protocol NCCL's tuner picks
+  (:func:`calibrate.nccltuner.tree_parts`), a fitted scale A, and the bytes each node's
+  NICs carry (:func:`tree_nic_bytes`: S at 2 nodes, 2 S beyond).  A tree's neighbours
   (node i and nodes 2i, 2i+1) lie anywhere in the machine, like all-to-all peers and
   unlike a ring's, so its bytes get the topology's contention factor too.
-* **The choice**: NCCL takes the algorithm/protocol of least modelled time; this model
-  takes the least of its ring and tree times (protocols are inside tau).  NVLS and
-  CollNet need NVSwitch multicast / SHARP; a system whose spec has neither never uses
+* **The choice**: NCCL takes the algorithm/protocol of least *modelled* time in its own
+  table; :mod:`calibrate.nccltuner` emulates it and decides where it reproduces the
+  fitted logs' choices, else the least of the fitted ring and tree times is taken.  NVLS
+  and CollNet need NVSwitch multicast / SHARP; a system whose spec has neither never uses
   them (Polaris: neither), and no sample could calibrate them, so they are not modelled.
 * **All-to-all** (n - 1 point-to-point exchanges of S / n, all posted at once): one
   per-peer cost for each of the n - 1 peers -- l_LL while the per-peer message S / n is
@@ -61,13 +63,9 @@ from calib.core.collective_names import (
 
 FORM = "nccl"
 
-#: tuning.cc hwLat[NCCL_HW_NVLINK][NCCL_ALGO_TREE][NCCL_PROTO_SIMPLE] (us)
-NCCL_TREE_NVLINK_LAT_US = 4.0
-#: tuning.cc hwLat[NCCL_HW_NET][NCCL_ALGO_TREE][NCCL_PROTO_SIMPLE] (us)
-NCCL_TREE_NET_LAT_US = 14.0
-#: tuning.cc: tree bus bandwidth = ring's x .92 at most
+#: tuning.cc (2.20.3, NVIDIA/nccl b6475625): tree busBw = ring's x .92 at most
 NCCL_TREE_BW_FACTOR = 0.92
-#: tuning.cc hwLat[NCCL_HW_NET][NCCL_ALGO_RING][NCCL_PROTO_SIMPLE] (us)
+#: tuning.cc (2.20.3) hwLat[NCCL_HW_NET][NCCL_ALGO_RING][NCCL_PROTO_SIMPLE] (us)
 NCCL_RING_NET_LAT_US = 14.0
 #: NCCL's Simple-protocol step: buffSize 4 MiB / NCCL_STEPS 8 = 512 KiB per channel; a
 #: broadcast/reduce chain forwards the message in pieces of this size
@@ -84,20 +82,10 @@ CHAIN_COLLECTIVES = (BROADCAST, REDUCE)
 MODELLED = (ALLREDUCE, ALLGATHER, REDUCESCATTER, ALLTOALL, BROADCAST, REDUCE, SENDRECV)
 
 
-def log2i(x: ArrayLike) -> np.ndarray:
-    """NCCL's ``log2i``: floor(log2(x)) for x >= 1, 0 below."""
-    return np.floor(np.log2(np.maximum(np.asarray(x, dtype=float), 1.0)))
-
-
 def ring_steps(collective: str, n: ArrayLike) -> np.ndarray:
     """Dependent ring steps (tuning.cc ``nsteps``): 2(n-1) for all-reduce, n-1 otherwise."""
     n = np.asarray(n, dtype=float)
     return 2.0 * (n - 1.0) if collective == ALLREDUCE else n - 1.0
-
-
-def tree_latency_us(nodes: ArrayLike, gpus_per_node: float) -> np.ndarray:
-    """NCCL's tree latency shape 2((ppn-1) intraLat + log2i(nNodes) interLat), Simple, in us."""
-    return 2.0 * ((gpus_per_node - 1.0) * NCCL_TREE_NVLINK_LAT_US + log2i(nodes) * NCCL_TREE_NET_LAT_US)
 
 
 def contention(nodes: ArrayLike, p: Mapping[str, float]) -> np.ndarray:
