@@ -169,3 +169,8 @@ def test_moe_shape_errors_name_the_option():
     e = bad(*base, "--top-k", "9")
     assert e.where == "--top-k" and e.problem == "top_k must be in 1..n_experts=8, got 9"
     assert bad(*base, "--dense-layers", "99").where == "--dense-layers"
+
+
+def test_calibration_path_that_is_a_directory(tmp_path):
+    e = bad("predict", "--calibration", str(tmp_path), "--model", "gpt-13b", "--gpus", "8")
+    assert e.where == str(tmp_path) and e.problem.startswith("is a directory, not a calibration file")
