@@ -146,8 +146,8 @@ Examples:
 @click.option(
     "--nvlink-domain",
     type=Int(1),
-    help="Placement axis: re-time the fastest strategies under every placement of their TP/DP/PP groups on "
-    "NVLink domains of this many GPUs (4, 8, 72 ...) and rank by the placed time (seed 002).",
+    help="Placement axis: time every strategy of the grid under its best placement of the TP/CP/DP/PP "
+    "groups on NVLink domains of this many GPUs (4, 8, 72 ...) and rank by the placed time (seed 002).",
 )
 @click.option(
     "--offload-gbps",
