@@ -174,3 +174,18 @@ def test_moe_shape_errors_name_the_option():
 def test_calibration_path_that_is_a_directory(tmp_path):
     e = bad("predict", "--calibration", str(tmp_path), "--model", "gpt-13b", "--gpus", "8")
     assert e.where == str(tmp_path) and e.problem.startswith("is a directory, not a calibration file")
+
+
+@pytest.mark.parametrize("factor", ["nan", "inf", "1"])
+def test_bench_step_factor_must_be_finite_above_one(factor):
+    # was: -f nan ran (and stored) a one-size benchmark
+    from calib.ingest.capture.bench_collectives import CollectiveBenchConfig
+
+    with pytest.raises(InputError) as exc:
+        CollectiveBenchConfig(step_factor=float(factor))
+    assert exc.value.where == "step_factor" and "finite number > 1" in exc.value.problem
+
+
+def test_bench_gemm_repeats_error_names_repeats():
+    e = bad("bench", "gemm", "--system", "x", "-r", "0", "--store", "/nonexistent-calib-store")
+    assert e.where == "--repeats"
