@@ -189,3 +189,8 @@ def test_bench_step_factor_must_be_finite_above_one(factor):
 def test_bench_gemm_repeats_error_names_repeats():
     e = bad("bench", "gemm", "--system", "x", "-r", "0", "--store", "/nonexistent-calib-store")
     assert e.where == "--repeats"
+
+
+def test_validate_runs_of_an_unknown_system_names_runs(tmp_path):
+    e = bad("validate", "--runs", "nope", "--store", str(tmp_path))
+    assert e.where == "--runs" and "no calibration for system 'nope'" in e.problem  # was '--system'
