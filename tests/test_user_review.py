@@ -194,3 +194,11 @@ def test_bench_gemm_repeats_error_names_repeats():
 def test_validate_runs_of_an_unknown_system_names_runs(tmp_path):
     e = bad("validate", "--runs", "nope", "--store", str(tmp_path))
     assert e.where == "--runs" and "no calibration for system 'nope'" in e.problem  # was '--system'
+
+
+@pytest.mark.parametrize("axis", [("--nvlink-domain", "8"), ("--offload-gbps", "100")])
+def test_objective_with_a_time_only_axis_is_refused(axis):
+    # was: --objective energy/cost silently ignored (ranked by placed / offload time)
+    e = bad("search", "--hardware", "dgx-h100", "--model", "gpt-13b", "--gpus", "64", "--global-batch", "512",
+            *axis, "--objective", "energy")  # fmt: skip
+    assert e.where == "--objective" and axis[0] in e.problem

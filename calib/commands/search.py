@@ -224,6 +224,12 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     if nvlink_domain or offload_gbps is not None:
         from calib.commands.energy_cli import axis_search
 
+        if objective != "time":  # was silently ranked by time
+            axis = "--nvlink-domain" if nvlink_domain else "--offload-gbps"
+            raise InputError(
+                "--objective", f"{axis} ranks by time only; '{objective}' is not available with it"
+            )
+
         text = axis_search(
             model, machine, counts, B, space, top, nvlink_domain, offload_gbps, offload_gb, as_json, notes
         )
