@@ -202,3 +202,12 @@ def test_objective_with_a_time_only_axis_is_refused(axis):
     e = bad("search", "--hardware", "dgx-h100", "--model", "gpt-13b", "--gpus", "64", "--global-batch", "512",
             *axis, "--objective", "energy")  # fmt: skip
     assert e.where == "--objective" and axis[0] in e.problem
+
+
+def test_power_file_without_energy_is_refused():
+    power = str(ROOT / "fixtures" / "power" / "nvml_samples_a100.csv")  # never read: refused first
+    e = bad("predict", "--hardware", "dgx-h100", "--model", "gpt-13b", "--gpus", "8", "--power", power)
+    assert e.where == "--power"
+    e = bad("search", "--hardware", "dgx-h100", "--model", "gpt-13b", "--gpus", "64", "--global-batch", "512",
+            "--power", power)  # fmt: skip
+    assert e.where == "--power"

@@ -212,6 +212,8 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     if space.fp8 and not machine.hw.peak_fp8_tflops:
         raise InputError("--precision", f"hardware {machine.hw.name} states no peak_fp8_tflops")
     power = None
+    if power_file is not None and objective != "energy":  # was silently ignored
+        raise InputError("--power", "a power fit is used only with --objective energy")
     if objective == "energy":
         from calib.commands.energy_cli import power_spec
 
