@@ -211,3 +211,10 @@ def test_power_file_without_energy_is_refused():
     e = bad("search", "--hardware", "dgx-h100", "--model", "gpt-13b", "--gpus", "64", "--global-batch", "512",
             "--power", power)  # fmt: skip
     assert e.where == "--power"
+
+
+def test_bad_run_name_message_reads_run_name(tmp_path):
+    e = bad("ingest", str(ROOT / "fixtures" / "nccl-tests" / "polaris"), "--system", "s", "--name", "a/b",
+            "--store", str(tmp_path))  # fmt: skip
+    assert e.where == "--name" and "is not a valid run name" in e.problem  # was 'valid name name'
+    assert not any(tmp_path.iterdir())
