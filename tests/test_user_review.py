@@ -218,3 +218,19 @@ def test_bad_run_name_message_reads_run_name(tmp_path):
             "--store", str(tmp_path))  # fmt: skip
     assert e.where == "--name" and "is not a valid run name" in e.problem  # was 'valid name name'
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "model, args, option, words",
+    [
+        ("gpt-13b", ("--cp", "3"), "--cp", "CP=3 needs the sequence 1024 divisible by 2 x CP"),
+        ("mixtral-8x7b", ("--ep", "3"), "--ep", "EP=3 does not divide the 8 experts"),
+        ("gpt-13b", ("--ep", "2"), "--ep", "gpt-13b is dense"),
+    ],
+)
+def test_search_axis_values_no_layout_can_take_are_refused(model, args, option, words):
+    # was (before this branch): a ValueError traceback from the empty layout set; then an empty search
+    e = bad(
+        "search", "--hardware", "dgx-h100", "--model", model, "--gpus", "64", "--global-batch", "512", *args
+    )
+    assert e.where == option and words in e.problem

@@ -208,7 +208,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         tp_c=parse_list(stack["tp_cols"], "--tp-cols", (1,)),
         tp2d_kind=("2d", "summa").index(stack["tp2d_kind"]),
     )
-    _check_tp_cols(model, space)
+    _check_axes(model, space)
     if space.fp8 and not machine.hw.peak_fp8_tflops:
         raise InputError("--precision", f"hardware {machine.hw.name} states no peak_fp8_tflops")
     power = None
@@ -271,6 +271,23 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     text = output.emit(text, out)
     if text is not None:
         click.echo(text, nl=False)
+
+
+def _check_axes(model, space) -> None:
+    """Values of --cp, --ep and --tp-cols that no layout can take are refused, naming the option
+    (as ``calib predict`` does), instead of an empty search."""
+    S, E = model.seq_len, int(getattr(model, "n_experts", 0) or 0)
+    for c in space.cp:
+        if c > 1 and S % (2 * c):
+            raise InputError(
+                "--cp", f"CP={c} needs the sequence {S} divisible by 2 x CP (load-balanced chunks)"
+            )
+    for e in space.ep or ():
+        if e > 1 and not E:
+            raise InputError("--ep", f"expert parallelism needs a MoE model; {model.label} is dense")
+        if E and E % e:
+            raise InputError("--ep", f"EP={e} does not divide the {E} experts of {model.label}")
+    _check_tp_cols(model, space)
 
 
 def _check_tp_cols(model, space) -> None:
