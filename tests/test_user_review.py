@@ -234,3 +234,14 @@ def test_search_axis_values_no_layout_can_take_are_refused(model, args, option, 
         "search", "--hardware", "dgx-h100", "--model", model, "--gpus", "64", "--global-batch", "512", *args
     )
     assert e.where == option and words in e.problem
+
+
+def test_offload_results_without_seeds_is_refused(tmp_path):
+    # was: ignored, and the report written anyway
+    junk = tmp_path / "x.json"
+    junk.write_text("[1]")
+    e = bad("report", "--system", "s", "--store", str(tmp_path), "--offload-results", str(junk), "--out",
+            str(tmp_path / "r"))  # fmt: skip
+    assert e.where == "--offload-results" and not (tmp_path / "r").exists()
+    e = bad("report", "--seeds", "--offload-results", str(junk), "--out", str(tmp_path / "r"))
+    assert e.where == str(junk) and "'family' and 'bandwidth'" in e.problem and not (tmp_path / "r").exists()

@@ -219,6 +219,9 @@ def seeds_section(offload_results: Path | None):
             data["family"], data["bandwidth"]  # noqa: B018 - the fields the panel draws
         except FileNotFoundError:
             raise InputError(offload_results, "no such file") from None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (KeyError, TypeError):
+            raise InputError(offload_results, "not a seed001_offload.py JSON: expected an object with "
+                                              "'family' and 'bandwidth'") from None  # fmt: skip
+        except (OSError, ValueError) as exc:
             raise InputError(offload_results, f"not a seed001_offload.py JSON: {exc}") from None
     return make(data)

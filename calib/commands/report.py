@@ -75,6 +75,8 @@ def report(runs, system, calibration, predict_spec, store, title, seeds, offload
         raise InputError("--out", "is required (the directory to write the report into)")
     if system and calibration:
         raise InputError("--calibration", "give either --system or --calibration, not both")
+    if offload_results is not None and not seeds:  # was silently ignored
+        raise InputError("--offload-results", "is drawn only with --seeds")
     inputs = gather(tuple(runs), store, system, calibration)
     spec = resolve_spec(predict_spec, inputs)
     if not inputs.runs and inputs.calibration is None and (spec is None or spec.empty) and not seeds:
