@@ -245,3 +245,11 @@ def test_offload_results_without_seeds_is_refused(tmp_path):
     assert e.where == "--offload-results" and not (tmp_path / "r").exists()
     e = bad("report", "--seeds", "--offload-results", str(junk), "--out", str(tmp_path / "r"))
     assert e.where == str(junk) and "'family' and 'bandwidth'" in e.problem and not (tmp_path / "r").exists()
+
+
+def test_h800_has_power_data_as_default():
+    # was: 'no power data for device NVIDIA H800-SXM5-80GB' (the preset of the DeepSeek-V3 validation)
+    out = json.loads(run("predict", "--hardware", "h800", "--model", "gpt-13b", "--gpus", "64", "--energy",
+                         "--json").output)  # fmt: skip
+    notes = " ".join(out["notes"])
+    assert "power_cap_w 700 (default)" in notes and out["configs"][0]["power_w_per_gpu"] <= 700
