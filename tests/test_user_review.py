@@ -253,3 +253,19 @@ def test_h800_has_power_data_as_default():
                          "--json").output)  # fmt: skip
     notes = " ".join(out["notes"])
     assert "power_cap_w 700 (default)" in notes and out["configs"][0]["power_w_per_gpu"] <= 700
+
+
+def test_predict_energy_equals_the_search_energy_of_the_same_strategy():
+    # the search times MoE/CP/DualPipe/FP8 strategies in full; predict --energy used to drop those knobs
+    common = ("--hardware", "dgx-h100", "--model", "mixtral-8x7b", "--s", "4096", "--global-batch", "1024",
+              "--gpus", "512", "--precision", "fp8")  # fmt: skip
+    r = json.loads(run("search", *common, "--cp", "1,2", "--schedules", "1f1b,dualpipe", "--objective", "energy",
+                       "--top", "1", "--json").output)["top"][0]  # fmt: skip
+    args = [*common, "--tp", str(r["tp"]), "--cp", str(r["cp"]), "--pp", str(r["pp"]), "--ep", str(r["ep"]),
+            "--micro-batch", str(r["micro_batch"]), "--interleave", str(r["interleave"]), "--schedule",
+            r["schedule"], "--zero", str(r["zero"]), "--recompute", r["recompute"], "--energy", "--json"]  # fmt: skip
+    args += ["--seq-parallel"] * bool(r["seq_parallel"]) + ["--dp-overlap"] * bool(r["dp_overlap"])
+    c = json.loads(run("predict", *args).output)["configs"][0]
+    assert r["cp"] > 1 or r["schedule"] != "1f1b"  # the knobs the energy model used to drop
+    assert c["iter_s"] == pytest.approx(r["iter_s"], rel=1e-9)
+    assert c["energy_j_per_token"] == pytest.approx(r["energy_j_per_token"], rel=1e-9)
