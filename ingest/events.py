@@ -8,6 +8,7 @@ later step works on these columns; string work happens once per unique name.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -36,6 +37,8 @@ _CAT_KIND = {
 
 #: at most 18 digits: a step number must fit int64 (a longer one is not a step, it is noise)
 _STEP_RE = re.compile(r"^ProfilerStep#(\d{1,18})$")
+_get_cat, _get_name, _get_args = attrgetter("cat"), attrgetter("name"), attrgetter("args")
+_get_pid_tid = attrgetter("pid", "tid")
 
 
 @dataclass
@@ -93,27 +96,33 @@ class _KindOf(dict):
         return kind
 
 
-def _encode(values: list[Any]) -> tuple[np.ndarray, list[Any]]:
+def _encode(values: Iterable[Any], n: int) -> tuple[np.ndarray, list[Any]]:
     codes = _Codes()
-    arr = np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=len(values))
+    arr = np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=n)
     return arr, list(codes)
 
 
 def normalise(raw: RawTrace) -> Events:
+    """Integer-coded columns of ``raw``'s complete events.
+
+    Takes the decoded structs from ``raw.complete`` when the reader handed them over
+    (and releases them), else the list columns; the codes are the same either way.
+    """
     n = len(raw.ts_us)
     t0 = float(raw.ts_us.min()) if n else 0.0
     start = np.rint((raw.ts_us - t0) * 1000.0).astype(np.int64)
     end = start + np.rint(raw.dur_us * 1000.0).astype(np.int64)
-    kind = np.fromiter(map(_KindOf().__getitem__, raw.cat), dtype=np.int8, count=n)
-    name_codes, name_list = _encode(raw.name)
+    x, raw.complete = raw.complete, None
+    if x is None:
+        cat, name, pid_tid, args = raw.cat, raw.name, zip(raw.pid, raw.tid), raw.args
+    else:
+        cat, name, pid_tid = map(_get_cat, x), map(_get_name, x), map(_get_pid_tid, x)
+        args = list(map(_get_args, x))
+    del x
+    kind = np.fromiter(map(_KindOf().__getitem__, cat), dtype=np.int8, count=n)
+    name_codes, name_list = _encode(name, n)
     names = np.array([v if isinstance(v, str) else str(v) for v in name_list], dtype=object)
-    pid_codes, pids = _encode(raw.pid)
-    tid_codes, tids = _encode(raw.tid)
-    pair, thread_codes = np.unique(
-        pid_codes.astype(np.int64) * max(len(tids), 1) + tid_codes, return_inverse=True
-    )
-    thread_codes = thread_codes.astype(np.int32)
-    threads = [(pids[p // max(len(tids), 1)], tids[p % max(len(tids), 1)]) for p in pair.tolist()]
+    thread_codes, threads = _threads(pid_tid, n)
     thread_names = {i: raw.thread_names.get(t, "") for i, t in enumerate(threads)}
     return Events(
         start=start,
@@ -123,10 +132,28 @@ def normalise(raw: RawTrace) -> Events:
         names=names,
         thread=thread_codes,
         threads=threads,
-        args=raw.args,
+        args=args,
         t0_us=t0,
         thread_names=thread_names,
     )
+
+
+def _threads(pid_tid: Iterable[tuple[Any, Any]], n: int) -> tuple[np.ndarray, list[tuple[Any, Any]]]:
+    """Thread codes: (pid, tid) pairs ordered by (code of the pid, code of the tid), each
+    coded in order of first sight (one pass over the events, then work per distinct pair).
+
+    A pid (tid) is first seen with the first pair that holds it, so coding the distinct
+    pairs in their own first-seen order gives the pid and tid codes of the events.
+    """
+    pair_codes, pairs = _encode(pid_tid, n)
+    pid_code, tid_code = _Codes(), _Codes()
+    keys = [(pid_code[p], tid_code[t]) for p, t in pairs]
+    pids, tids = list(pid_code), list(tid_code)
+    order = sorted(range(len(pairs)), key=keys.__getitem__)
+    remap = np.empty(len(pairs), dtype=np.int32)
+    remap[order] = np.arange(len(pairs), dtype=np.int32)
+    threads = [(pids[keys[i][0]], tids[keys[i][1]]) for i in order]
+    return remap[pair_codes], threads
 
 
 def profiler_steps(ev: Events) -> tuple[np.ndarray, np.ndarray]:

@@ -168,6 +168,10 @@ class RawTrace:
     raw_bytes: int = 0
     sha256: str = ""
     file_bytes: int = 0
+    #: from :func:`read_trace`: the decoded complete events themselves, with the list
+    #: columns above left empty; ``ingest.events.normalise`` codes them straight from
+    #: the structs (one pass per column fewer) and then drops them
+    complete: list[Any] | None = None
 
 
 class InflateLimit(Exception):
@@ -265,7 +269,7 @@ def read_trace(path: str | Path, max_inflated_bytes: int | None = None) -> RawTr
             raise InputError(path, "JSON is not a trace: no 'traceEvents' list")
         if not events:
             raise InputError(path, "trace has an empty 'traceEvents' list")
-        raw = _columns(path, doc, events)
+        raw = _columns(path, doc, events, lists=False)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -291,7 +295,9 @@ def _json_problem(exc: msgspec.DecodeError, size: int) -> str:
     return text
 
 
-def _columns(path: Path, doc: TraceFile | _FastTraceFile, events: list[Any]) -> RawTrace:
+def _columns(path: Path, doc: TraceFile | _FastTraceFile, events: list[Any], lists: bool = True) -> RawTrace:
+    """Validated columns of the complete events; with ``lists=False`` the list columns
+    stay empty and the structs are handed over in ``RawTrace.complete`` instead."""
     fast = isinstance(doc, _FastTraceFile)
     if fast:
         x = [e for e in events if type(e) is _X]
@@ -337,15 +343,16 @@ def _columns(path: Path, doc: TraceFile | _FastTraceFile, events: list[Any]) -> 
         n_events=len(events),
         ts_us=ts,
         dur_us=dur,
-        cat=list(map(_get_cat, x)),
-        name=list(map(_get_name, x)),
-        pid=list(map(_get_pid, x)),
-        tid=list(map(_get_tid, x)),
-        args=list(map(_get_args, x)),
+        cat=list(map(_get_cat, x)) if lists else [],
+        name=list(map(_get_name, x)) if lists else [],
+        pid=list(map(_get_pid, x)) if lists else [],
+        tid=list(map(_get_tid, x)) if lists else [],
+        args=list(map(_get_args, x)) if lists else [],
         thread_names=thread_names,
         process_labels=process_labels,
         distributed_info=dist,
         device_properties=[p for p in props if isinstance(p, dict)],
+        complete=None if lists else x,
     )
 
 
