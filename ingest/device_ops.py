@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 from calib.ingest.collective_calls import _decode_many, itemsize
-from calib.ingest.events import RUNTIME, Events
+from calib.ingest.events import RUNTIME, Events, _Codes
 from calib.ingest.timeline import Timeline
 
 from calib.core.schema import KERNEL_CLASSES, empty_table
@@ -54,13 +54,11 @@ def _shape_sizes(ev: Events, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     """:func:`_tensor_sizes` of each op event in ``ops``: every distinct (Input Dims, Input
     type) pair is decoded and counted once (a training step repeats a few hundred shapes)."""
     raw_d, raw_t = ev.arg(ops, "input_dims"), ev.arg(ops, "input_type")
-    codes: dict[tuple[bytes, bytes], int] = {}
+    codes = _Codes()  # (dims, types) JSON -> code in order of first sight, at C speed
     inv = np.fromiter(
-        (codes.setdefault((bytes(a), bytes(b)), len(codes)) for a, b in zip(raw_d, raw_t, strict=True)),
-        dtype=np.int64,
-        count=len(raw_d),
+        map(codes.__getitem__, zip(map(bytes, raw_d), map(bytes, raw_t))), dtype=np.int64, count=len(raw_d)
     )
-    distinct = list(codes)  # in order of first sight: code k is distinct[k]
+    distinct = list(codes)  # code k is distinct[k]
     dims = _decode_many([msgspec.Raw(d) for d, _ in distinct])
     types = _decode_many([msgspec.Raw(t) for _, t in distinct])
     sizes = np.array([_tensor_sizes(d, t) for d, t in zip(dims, types, strict=True)], dtype=np.int64)
@@ -120,8 +118,8 @@ def compute(ev: Events, tl: Timeline, rank: int) -> dict[str, pd.DataFrame]:
 def _host_steps(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
     """Per iteration: host ops (all levels), kernel launches, and the last launch's offset."""
     rt = np.flatnonzero(ev.kind == RUNTIME)
-    names = ev.names[ev.name[rt]].astype(str)
-    launch = rt[np.char.find(names, "Launch") >= 0]
+    launch_name = np.array(["Launch" in n for n in ev.names], dtype=bool)  # per unique name
+    launch = rt[launch_name[ev.name[rt]]]
     it_launch = _iteration_of(tl, ev.start[launch])
     it_ops = _iteration_of(tl, ev.start[tl.ops])
     rows = []

@@ -79,7 +79,6 @@ def build(ev: Events, rules: Rules) -> Timeline:
     names = ev.names
     comm_name = rules.is_comm(names)
     wait_name = rules.is_wait(names)
-    class_of_name = rules.kernel_class(names)
     gloo_thread = np.array(
         ["gloo" in (ev.thread_names.get(i) or "") for i in range(len(ev.threads))], dtype=bool
     )
@@ -94,7 +93,7 @@ def build(ev: Events, rules: Rules) -> Timeline:
         op_nest = Nesting.build(ev.start[ops], ev.end[ops], ev.thread[ops])
         is_comm = comm_name[ev.name[dev]] & (ev.kind[dev] != MEMCPY) & (ev.kind[dev] != MEMSET)
         comm, act = dev[is_comm], dev[~is_comm]
-        cls = class_of_name[ev.name[act]].astype(np.int64)
+        cls = _kernel_class(rules, names, ev.name[act])
         cls = np.where(ev.kind[act] == MEMCPY, KERNEL_CLASSES.index("memcpy"), cls)
         cls = np.where(ev.kind[act] == MEMSET, KERNEL_CLASSES.index("memset"), cls)
         rt = ev.of_kind(RUNTIME)
@@ -114,7 +113,7 @@ def build(ev: Events, rules: Rules) -> Timeline:
         compute_op &= ~comm_name[ev.name[ops]]
         act_start, act_end, owner = _self_segments(op_nest, compute_op)
         act_event = ops[owner]
-        cls = class_of_name[ev.name[act_event]].astype(np.int64)
+        cls = _kernel_class(rules, names, ev.name[act_event])
         act_launch, act_launch_op = act_start, owner
         if not len(ops) and not len(comm):
             notes.append("no device kernels and no CPU operators")
@@ -147,6 +146,13 @@ def build(ev: Events, rules: Rules) -> Timeline:
         iteration=iteration,
         notes=notes,
     )
+
+
+def _kernel_class(rules: Rules, names: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Kernel class (int64 index into KERNEL_CLASSES) of events with name ``codes``; the
+    rules run once per distinct name among them, not over every name of the trace."""
+    uniq, inv = np.unique(codes, return_inverse=True)
+    return rules.kernel_class(names[uniq]).astype(np.int64)[inv.reshape(-1)]
 
 
 def _self_segments(nest: Nesting, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
