@@ -56,16 +56,20 @@ def bubble_s(F, B, W, p, v=1, schedule=ONE_F_ONE_B) -> np.ndarray:
 def pipeline_time_s(
     stage_s: ArrayLike, head_s: ArrayLike, p: ArrayLike, m: ArrayLike, v: ArrayLike = 1,
     schedule: ArrayLike = ONE_F_ONE_B, fwd_share: ArrayLike = 1.0 / 3.0, wgrad_share: ArrayLike = 1.0 / 3.0,
+    bubble_stage_s: ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """(time of the pipelined micro-batches, the bubble part of it), seconds.
 
     ``fwd_share`` / ``wgrad_share``: F / t_stage and W / t_stage (1/3 each without
     recompute: forward, input gradient and weight gradient cost one forward each).
+    ``bubble_stage_s``: v x the slowest virtual stage, when interleaved virtual stages are
+    uneven (analytic.uneven); default ``stage_s``.
     """
     stage_s, head_s, p, m = (np.asarray(x, dtype=float) for x in (stage_s, head_s, p, m))
-    F = stage_s * np.asarray(fwd_share, dtype=float)
-    W = stage_s * np.asarray(wgrad_share, dtype=float)
-    bubble = bubble_s(F, stage_s - F, W, p, v, schedule)
+    bs = stage_s if bubble_stage_s is None else np.asarray(bubble_stage_s, dtype=float)
+    F = bs * np.asarray(fwd_share, dtype=float)
+    W = bs * np.asarray(wgrad_share, dtype=float)
+    bubble = bubble_s(F, bs - F, W, p, v, schedule)
     return m * (stage_s + head_s) + bubble, bubble
 
 

@@ -4,8 +4,9 @@
   beside the GEMMs they feed.  ``ring`` decomposes each collective into n_t steps, each
   hidden under one GEMM chunk except the first: exposed = max(tp / n_t, tp - W).  ``pipe``
   splits each GEMM in two halves: exposed = max(tp / 2, tp - W / 2).  W is the layers' matmul
-  and attention kernel time (``kernel_transformer_s``); compute slow-down from sharing the
-  SMs (Calculon's "comp time up") is not modelled.
+  and attention kernel time (``kernel_transformer_s``); the compute the collectives hide under
+  slows down by sharing the SMs (Calculon's "comp time up"): + u x hidden, u =
+  ``overlap.TP_OVERLAP_SM_SLOWDOWN`` (stated default 0.15, Calculon's NVLink processor_usage).
 * **TP redo for SP** (Korthikanti et al. 2022): with sequence parallelism, keep the layer-norm
   outputs sharded and redo their all-gathers in backward.  calib's activation formula
   (34 s b d / t per layer) already keeps them sharded, so ``redo`` adds the two backward
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 from calib.analytic import formulas as F
+from calib.analytic import overlap as OV
 
 TP_OVERLAP = ("none", "pipe", "ring")
 
@@ -42,6 +44,7 @@ def knob_terms(model, st, r: dict, tp_overlap, tp_redo, trailing: bool = False) 
     exposed = np.select([ov == 1, ov == 2], [np.maximum(tp_s / 2.0, tp_s - W / 2.0),
                         np.maximum(tp_s / ex(t), tp_s - W)], tp_s)  # fmt: skip
     exposed = np.minimum(exposed, tp_s)
+    exposed = exposed + np.where(ov > 0, OV.TP_OVERLAP_SM_SLOWDOWN * (tp_s - exposed), 0.0)  # SM sharing
     n_tp = np.where(full, 6.0, 4.0)
     redo = np.asarray(tp_redo, dtype=bool) & sp
     extra_tp = np.where(redo, tp_s / n_tp, 0.0)

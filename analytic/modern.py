@@ -252,7 +252,9 @@ def schedule_shares(f_fwd, f_train, attn_fwd) -> tuple[np.ndarray, np.ndarray]:
 
 
 def tp_exposed(tp_layer, window, st) -> np.ndarray:
-    return np.where(st.tp_overlap, OV.exposed(tp_layer, window, OV.TP_OVERLAP), tp_layer)
+    """TP seconds per layer on the critical path: the exposed part of overlapped collectives plus
+    the SM-sharing slowdown of the compute they hide under (analytic.overlap)."""
+    return np.where(st.tp_overlap, OV.exposed_with_sharing(tp_layer, window, OV.TP_OVERLAP), tp_layer)
 
 
 def dist_opt_exposed(st, rs, ag, bwd_window, fwd_window) -> tuple[np.ndarray, np.ndarray]:
@@ -288,7 +290,9 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
     keep = np.asarray(rc) != F.FULL
     in_flight = np.minimum(p, m)
     sbd = s_loc * b * d / t
-    extra = -np.where(st.fp8, PR.FP8_SAVED_SBD * sbd, 0.0) * np.ceil(float(model.n_layers) / p)
+    extra = -np.where(st.fp8, PR.FP8_SAVED_SBD * sbd, 0.0) * np.ceil(
+        np.asarray(model.n_layers, dtype=float) / p
+    )
     if MOE.is_moe(model):
         T = b * s_loc / t
         per = MOE.activation_bytes_layer(model, T, d, mats) - MOE.DENSE_MLP_ACT * sbd

@@ -27,54 +27,63 @@ DIMS = ("tp", "cp", "ep", "dp", "pp")
 DOMAINS = (4, 8, 72)
 
 
-def members_in_domain(sizes: dict[str, int], order: tuple[str, ...], domain: int) -> dict[str, int]:
-    """k per dimension: members of one group inside one NVLink domain."""
+def members_in_domain(sizes: dict, order: tuple[str, ...], domain: int) -> dict:
+    """k per dimension: members of one group inside one NVLink domain (sizes: ints or arrays)."""
     out, stride = {}, 1
     for dim in order:
-        n = int(sizes.get(dim, 1))
-        out[dim] = int(min(n, max(1, domain // stride))) if stride < domain else 1
-        stride *= n
+        n = np.asarray(sizes.get(dim, 1))
+        k = np.where(stride < domain, np.minimum(n, np.maximum(1, domain // np.maximum(stride, 1))), 1)
+        out[dim] = int(k) if k.ndim == 0 else k
+        stride = stride * n
     return out
 
 
-def group_bandwidth(sizes: dict[str, int], order: tuple[str, ...], domain: int, hw) -> dict[str, dict]:
+def group_bandwidth(sizes: dict, order: tuple[str, ...], domain: int, hw) -> dict[str, dict]:
     """Per dimension: its size, members per domain, the level it crosses and the busbw it gets."""
     k = members_in_domain(sizes, order, domain)
     out = {}
+    nic = hw.inter_busbw_gbps / hw.gpus_per_node  # each GPU's share of its node's NICs
     for dim in order:
-        n = int(sizes.get(dim, 1))
-        inside = k[dim] >= n
-        nic = hw.inter_busbw_gbps / hw.gpus_per_node  # each GPU's share of its node's NICs
-        bw = hw.intra_busbw_gbps if inside else min(hw.intra_busbw_gbps, nic * k[dim])
+        n = np.asarray(sizes.get(dim, 1))
+        inside = np.asarray(k[dim]) >= n
+        bw = np.where(inside, hw.intra_busbw_gbps, np.minimum(hw.intra_busbw_gbps, nic * np.asarray(k[dim])))
+        scalar = n.ndim == 0 and inside.ndim == 0
         out[dim] = {
-            "size": n,
+            "size": int(n) if scalar else n,
             "in_domain": k[dim],
-            "level": "nvlink" if inside else "network",
-            "busbw_gbps": bw,
+            "level": ("nvlink" if inside else "network") if scalar else inside,  # arrays: True inside NVLink
+            "busbw_gbps": float(bw) if scalar else bw,
         }
     return out
 
 
-def comm_seconds(model, sizes: dict[str, int], order, domain: int, hw, micro_batch: int, microbatches: int,
-                 params_per_gpu: float, moe_layers: int = 0) -> dict[str, float]:  # fmt: skip
-    """Seconds of each dimension's communication per iteration under one placement."""
+def comm_seconds(model, sizes: dict, order, domain: int, hw, micro_batch, microbatches,
+                 params_per_gpu, moe_layers: int = 0) -> dict:  # fmt: skip
+    """Seconds of each dimension's communication per iteration under one placement
+    (scalars, or arrays of layouts: ``sizes`` values, micro-batch, micro-batches and
+    parameters broadcast together)."""
     g = group_bandwidth(sizes, tuple(order), domain, hw)
     s, d, L = model.seq_len, model.d_model, model.n_layers
-    tp, cp, pp = (int(sizes.get(x, 1)) for x in ("tp", "cp", "pp"))
-    act = 2.0 * micro_batch * s * d / cp  # bytes of one b s d activation on this CP shard
-    lps, m = L / pp, microbatches
+    tp, cp, pp = (np.asarray(sizes.get(x, 1), dtype=float) for x in ("tp", "cp", "pp"))
+    act = (
+        2.0 * np.asarray(micro_batch, dtype=float) * s * d / cp
+    )  # bytes of one b s d activation on a CP shard
+    lps, m = L / pp, np.asarray(microbatches, dtype=float)
 
     def ring(dim, v, factor=1.0):
-        n = g[dim]["size"]
-        return 0.0 if n <= 1 else factor * (n - 1) / n * v / (g[dim]["busbw_gbps"] * 1e9)
+        n = np.asarray(g[dim]["size"], dtype=float)
+        return np.where(n <= 1, 0.0, factor * (n - 1) / n * v / (np.asarray(g[dim]["busbw_gbps"]) * 1e9))
 
-    return {
+    out = {
         "tp": m * lps * 8.0 * ring("tp", act),
         "cp": m * lps * 2.0 * 2.0 * ring("cp", act / tp),
         "ep": m * moe_layers / pp * 4.0 * ring("ep", act),
-        "dp": ring("dp", 2.0 * params_per_gpu, 2.0),
-        "pp": 0.0 if pp <= 1 else m * 2.0 * act / tp / (g["pp"]["busbw_gbps"] * 1e9),
+        "dp": ring("dp", 2.0 * np.asarray(params_per_gpu, dtype=float), 2.0),
+        "pp": np.where(pp <= 1, 0.0, m * 2.0 * act / tp / (np.asarray(g["pp"]["busbw_gbps"]) * 1e9)),
     }
+    if all(np.ndim(np.asarray(x)) == 0 for x in (*sizes.values(), micro_batch, microbatches, params_per_gpu)):
+        return {k: float(v) for k, v in out.items()}
+    return out
 
 
 def orders(sizes: dict[str, int]) -> list[tuple[str, ...]]:
@@ -111,51 +120,82 @@ def placement_map(sizes: dict[str, int], order, domain: int, n_domains: int = 2)
     return out
 
 
-def placement_search(
-    model, system, gpus, global_batch: int, space, domain: int, top: int = 10, pool: int = 200
-):
-    """The search with placement as one more axis: the ``pool`` fastest strategies of the
-    vectorised search (Megatron's TP-innermost placement, nodes of the hardware spec), each
-    re-timed under every placement of its groups on NVLink domains of ``domain`` GPUs:
-    iteration time + (communication under the placement - under TP > DP > PP on the hardware
-    spec's nodes), re-ranked.  The difference uses this module's ring model for both terms; the
-    DP part counts with the exposed share the time model gives it (overlap)."""
-    import pandas as pd
-    from calib.analytic.search import search
-    from calib.analytic.timemodel import shape_terms, stage_params
+GRID_DIMS = ("tp", "cp", "dp", "pp")  # EP folds into TP x CP x DP (its all-to-alls are not placed here)
+BASE_ORDER = ("tp", "cp", "dp", "pp", "ep")  # Megatron's ranks: what the time model's node placement assumes
 
-    res = search(model, system, gpus, global_batch, space, top=pool)
-    if res.top.empty:
-        return res.top
+
+def layout_terms(model, system, lay: dict, B: int, domain: int, tp2d_kind=0) -> dict:
+    """Placement terms of 1-D layout arrays (tp, cp, dp, pp, micro_batch[, tp_c]), vectorised.
+
+    For every order of the dimensions larger than 1 somewhere in ``lay``: ``nd`` (orders, n) the
+    TP + CP + PP seconds under that placement minus under the time model's (TP innermost on nodes
+    of the hardware spec), ``dd`` the same for the DP all-reduce, ``tot`` the placed total; and
+    ``dp_base`` (n,) the base DP seconds, to scale ``dd`` by the share the time model exposes."""
+    from calib.analytic.timemodel import shape_terms, stage_params
+    from calib.analytic.tp2d import weight_split
+
+    hw = system.hw
     ffn, kv, mats, tied = shape_terms(model)
-    rows = []
-    for r in res.top.itertuples(index=False):
-        # CP / EP sizes once the strategies carry them (EP is modelled as its own dimension)
-        sizes = {"tp": int(r.tp), "pp": int(r.pp), "dp": int(r.dp),
-                 "cp": int(getattr(r, "cp", 1)), "ep": int(getattr(r, "ep", 1))}  # fmt: skip
-        P = float(
-            stage_params(
-                model.d_model, model.n_layers, model.seq_len, model.vocab, r.tp, r.pp, ffn, kv, mats, tied
-            )
+    t, p = lay["tp"], lay["pp"]
+    tw = weight_split(t, lay.get("tp_c", 1), tp2d_kind)
+    P = stage_params(model.d_model, model.n_layers, model.seq_len, model.vocab, tw, p, ffn, kv, mats, tied)
+    m = B // (lay["dp"] * lay["micro_batch"])
+    sizes = {k: np.asarray(lay.get(k, 1)) for k in GRID_DIMS}
+    args = (hw, lay["micro_batch"], m, P)
+    base = comm_seconds(model, sizes, BASE_ORDER, hw.gpus_per_node, *args)
+    big = [k for k in GRID_DIMS if np.any(sizes[k] > 1)]
+    orders_ = [tuple(o) + tuple(k for k in BASE_ORDER if k not in o) for o in permutations(big)]
+    nd, dd, tot = [], [], []
+    for order in orders_:
+        c = comm_seconds(model, sizes, order, domain, *args)
+        nd.append(sum(c[k] - base[k] for k in ("tp", "cp", "pp")))
+        dd.append(c["dp"] - base["dp"])
+        tot.append(sum(c.values()))
+    n = np.shape(t)
+    stack = lambda xs: np.stack([np.broadcast_to(x, n) for x in xs])  # noqa: E731
+    return {"orders": orders_, "nd": stack(nd), "dd": stack(dd), "tot": stack(tot),
+            "dp_base": np.broadcast_to(base["dp"], n), "sizes": sizes}  # fmt: skip
+
+
+def best_delta(terms: dict, dp_exposed, col=lambda x: x, want_order: bool = True):
+    """Per strategy: the smallest placed-minus-base time over the orders, and which order (None
+    unless ``want_order``).  ``dp_exposed`` (strategy grid) scales the DP difference by the share
+    the time model exposes; ``col`` lifts a layout array onto the grid."""
+    base = col(terms["dp_base"])
+    frac = np.minimum(1.0, dp_exposed / np.where(base > 0, base, np.inf))
+    best = arg = None
+    for o in range(len(terms["orders"])):
+        v = col(terms["nd"][o]) + frac * col(terms["dd"][o])
+        if best is None:
+            best = v
+            arg = np.zeros(np.shape(v), dtype=np.int64) if want_order else None
+            continue
+        if want_order:
+            arg = np.where(v < best, o, arg)
+        np.minimum(best, v, out=best)
+    return best, arg
+
+
+def order_label(order, sizes: dict, i: int) -> str:
+    return (
+        ">".join(
+            d
+            for d in order
+            if np.asarray(sizes.get(d, 1)).reshape(-1)[min(i, np.size(sizes.get(d, 1)) - 1)] > 1
         )
-        args = (int(r.micro_batch), int(r.microbatches), P)
-        base = comm_seconds(
-            model, sizes, ("tp", "dp", "pp", "cp", "ep"), system.hw.gpus_per_node, system.hw, *args
-        )
-        # the DP collectives hide under compute as far as the time model says they do
-        frac = min(1.0, r.dp_exposed_s / base["dp"]) if base["dp"] > 0 else 0.0
-        best = None
-        for order in orders(sizes):
-            c = comm_seconds(model, sizes, order, domain, system.hw, *args)
-            t = (
-                r.iter_s
-                + sum(c[k] - base[k] for k in ("tp", "pp", "cp", "ep"))
-                + frac * (c["dp"] - base["dp"])
-            )
-            if best is None or t < best[0]:
-                best = (t, ">".join(d for d in order if sizes.get(d, 1) > 1), sum(c.values()))
-        rows.append({**r._asdict(), "placement": best[1], "nvlink_domain": domain,
-                     "iter_placed_s": best[0], "comm_placed_s": best[2]})  # fmt: skip
-    df = pd.DataFrame(rows).sort_values("iter_placed_s", kind="stable").head(top).reset_index(drop=True)
-    df["rank"] = range(1, len(df) + 1)
+        or "-"
+    )
+
+
+def placement_search(model, system, gpus, global_batch: int, space, domain: int, top: int = 10):
+    """The search with placement as one more axis over the whole grid (``Space.nvlink_domain``):
+    every strategy's iteration time + the best placement's change of its TP/CP/PP communication
+    and of its exposed DP share, ranked by that placed time (see :func:`layout_terms`)."""
+    from dataclasses import replace
+
+    from calib.analytic.search import search
+
+    res = search(model, system, gpus, global_batch, replace(space, nvlink_domain=domain), top=top)
+    df = res.top
+    df.attrs.update(n_strategies=res.n_strategies, n_feasible=res.n_feasible, seconds=res.seconds)
     return df

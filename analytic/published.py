@@ -59,6 +59,8 @@ def detect(df: pd.DataFrame) -> str:
     for name, need in _SIGNATURES.items():
         if need <= cols:
             return name
+    if {"model", "gpus", "tp", "pp"} <= cols:  # the schema with a model preset column (analytic.vshape)
+        return "canonical"
     raise InputError(
         None,
         "unrecognised table: neither the validation schema (d_model, n_layers, gpus, tp, pp, ...) "

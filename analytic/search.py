@@ -60,6 +60,13 @@ class Space:
     master: int = 0
     #: PP sizes that do not divide the layers (analytic.uneven: extra layers on the first stages)
     uneven_pp: bool = False
+    #: 2D tensor parallelism (seed 002): column counts tp_c of the tp_r x tp_c TP grid to try
+    #: (1 = 1D TP; each must divide TP and the sequence) and the grid's kind (0 2D table, 1 SUMMA)
+    tp_c: tuple[int, ...] = (1,)
+    tp2d_kind: int = 0
+    #: placement axis (seed 002): NVLink domain size; every strategy is timed under its best
+    #: placement of the TP/CP/DP/PP groups on domains of this many GPUs (analytic.placement)
+    nvlink_domain: int | None = None
 
 
 def layouts(
@@ -120,6 +127,12 @@ def layouts(
     r, je = np.nonzero(ok)
     out = {key: val[r] for key, val in out.items()}
     out["ep"] = ed[je]
+    # the 2D TP grid: tp_c columns (sequence split) with tp_c | t and tp_c | s
+    cd2 = np.array(sorted(set(space.tp_c)), dtype=np.int64)
+    ok = (out["tp"][:, None] % cd2[None, :] == 0) & (S % cd2[None, :] == 0)
+    r, jc = np.nonzero(ok)
+    out = {key: val[r] for key, val in out.items()}
+    out["tp_c"] = cd2[jc]
     return out
 
 
@@ -154,6 +167,8 @@ def option_mask(lay: dict[str, np.ndarray], opt: dict[str, np.ndarray], dist_opt
     z, sp, ov = opt["zero"], opt["seq_parallel"], opt["dp_overlap"]
     dc = d * c  # the dense gradients are reduced over DP x CP
     ok = ((z == 0) | (dc > 1)) & ((z <= 1) | (p == 1)) & (~sp | (t > 1)) & (~ov | (dc > 1))
+    if "tp_c" in lay:  # a 2D TP grid splits the sequence: its rows run sequence parallel
+        ok &= sp | (_col(lay["tp_c"]) == 1)
     if dist_opt:
         ok &= z != 0  # the distributed optimizer replaces ZeRO-1; plain DDP stays as ZeRO-0
     return ok
@@ -224,7 +239,8 @@ def search(
     if moe:
         cand["seq_parallel"] = cand["tp"] > 1
     table = detail(model, system, cand, global_batch, space, power)
-    order = {"time": "iter_s", "energy": "energy_j_per_token", "cost": "gpu_s_per_token"}[objective]
+    placed = "iter_placed_s" if space.nvlink_domain else "iter_s"
+    order = {"time": placed, "energy": "energy_j_per_token", "cost": "gpu_s_per_token"}[objective]
     table = table.sort_values([order, "iter_s", "mem_total_gb"], kind="stable").reset_index(drop=True)
     per_gpus = table.groupby("gpus", sort=True).head(1).sort_values("gpus").reset_index(drop=True)
     ranked = table.head(top).reset_index(drop=True)
@@ -246,6 +262,11 @@ def _scan(model, system, lay, comm_all, opt, B, space, moe, keep, picks, objecti
         comm = None if comm_all is None else {k: _col(v[lo : lo + step]) for k, v in comm_all.items()}
         sts = _strategies(sl, opt, B, space, moe)
         r = evaluate(model, system, sts, comm=comm, lean=objective in ("time", "cost"))
+        if space.nvlink_domain:  # the placement axis: each strategy under its best placement
+            from calib.analytic import placement as PL
+
+            pt = PL.layout_terms(model, system, sl, B, space.nvlink_domain, space.tp2d_kind)
+            r = {**r, "iter_s": r["iter_s"] + PL.best_delta(pt, r["dp_exposed_s"], _col, False)[0]}
         if objective == "time":
             key = r["iter_s"]
         else:
@@ -291,7 +312,7 @@ def _strategies(sl: dict, opt: dict, B: int, space: Space, moe: bool = False) ->
     )  # fmt: skip
 
 
-COMM_KEYS = ("tp", "cp", "pp", "dp", "micro_batch", "ep")  # what the communication terms depend on
+COMM_KEYS = ("tp", "cp", "pp", "dp", "micro_batch", "ep", "tp_c")  # what the communication terms depend on
 
 
 def _layout_comm(model, system: System, sl: dict, B: int, space: Space) -> dict[str, np.ndarray] | None:
@@ -314,7 +335,7 @@ def _space_knobs(space: Space, zero) -> dict:
     """The scalar knobs of a search space (the distributed optimizer stands in for ZeRO-1)."""
     return {"flash_attention": space.flash_attention, "cp_kind": space.cp_kind, "fp8": space.fp8,
             "dist_opt": np.asarray(zero) == 1 if space.dist_opt else False, "tp_overlap": space.tp_overlap,
-            "master": space.master}  # fmt: skip
+            "master": space.master, "tp2d_kind": space.tp2d_kind}  # fmt: skip
 
 
 def detail(
@@ -333,7 +354,16 @@ def detail(
         r["dp_allreduce_exposed_s"] + r["dp_allgather_exposed_s"] + r["dp_reducescatter_exposed_s"]
     )
     df["mem_total_gb"] = r["mem_total_bytes"] / 1e9
-    df["gpu_s_per_token"] = df["gpus"] * df["iter_s"] / (B * model.seq_len)
+    if space.nvlink_domain:
+        from calib.analytic import placement as PL
+
+        pt = PL.layout_terms(model, system, cand, B, space.nvlink_domain, space.tp2d_kind)
+        delta, arg = PL.best_delta(pt, df["dp_exposed_s"].to_numpy())
+        df["placement"] = [PL.order_label(pt["orders"][o], pt["sizes"], i) for i, o in enumerate(arg)]
+        df["nvlink_domain"] = space.nvlink_domain
+        df["iter_placed_s"] = df["iter_s"] + delta
+        df["comm_placed_s"] = pt["tot"][arg, np.arange(n)]
+    df["gpu_s_per_token"] = df["gpus"] * df.get("iter_placed_s", df["iter_s"]) / (B * model.seq_len)
     if power is not None:
         from calib.analytic.energy import energy_columns, work_of
 

@@ -131,11 +131,22 @@ class ModelColumns:
     n_heads: np.ndarray
     seq_len: np.ndarray
     vocab: np.ndarray
+    #: per-row MLP width and key/value heads (None: 4 d and n_heads), one MLP kind and tying
+    ffn: np.ndarray | None = None
+    kv_heads: np.ndarray | None = None
+    mlp: str = "gelu"
+    tied_embeddings: bool = True
 
     @property
     def shape_extras(self) -> dict:
-        return {"ffn": 4.0 * np.asarray(self.d_model, dtype=float), "kv": np.asarray(self.n_heads, dtype=float),
-                "mlp": "gelu", "tied": True}  # fmt: skip
+        d, a = np.asarray(self.d_model, dtype=float), np.asarray(self.n_heads, dtype=float)
+        ffn = 4.0 * d if self.ffn is None else np.asarray(self.ffn, dtype=float)
+        kv = a if self.kv_heads is None else np.asarray(self.kv_heads, dtype=float)
+        return {"ffn": ffn, "kv": kv, "mlp": self.mlp, "tied": self.tied_embeddings}
+
+    @property
+    def label(self) -> str:
+        return "table rows"
 
 
 @dataclass(frozen=True)

@@ -52,13 +52,18 @@ class Strategies:
     dist_opt: np.ndarray
     tp_overlap: np.ndarray
     master: np.ndarray
+    # 2D tensor parallelism (seed 002, analytic.tp2d): the TP group as a tp_r x tp_c grid,
+    # tp_c = tp / tp_r columns splitting the sequence (1 = Megatron's 1D TP); kind 0 the 2D
+    # table (weights over tp_r), 1 SUMMA (weights over the whole grid)
+    tp_c: np.ndarray
+    tp2d_kind: np.ndarray
 
     @classmethod
     def of(cls, **kw) -> Strategies:
         defaults = {
             "interleave": 1, "zero": 0, "recompute": 0, "seq_parallel": False, "dp_overlap": False,
             "flash_attention": False, "cp": 1, "ep": 1, "cp_kind": 0, "fp8": False, "schedule": 0,
-            "dist_opt": False, "tp_overlap": False, "master": 0,
+            "dist_opt": False, "tp_overlap": False, "master": 0, "tp_c": 1, "tp2d_kind": 0,
         }  # fmt: skip
         vals = {**defaults, **kw}
         out = {}
@@ -131,13 +136,8 @@ def check_config(
     if gpus % (tp * cp * pp):
         what = f"TP x CP x PP = {tp} x {cp} x {pp}" if cp > 1 else f"TP x PP = {tp} x {pp}"
         raise InputError("gpus", f"{gpus} GPUs are not divisible by {what} = {tp * cp * pp}")
-    if pp > model.n_layers or (interleave > 1 and model.n_layers % pp):  # uneven stages: analytic.uneven
-        raise InputError(
-            "pp",
-            f"PP={pp} "
-            + ("exceeds" if pp > model.n_layers else "with interleaving must divide")
-            + f" the {model.n_layers} layers of {model.label}",
-        )
+    if pp > model.n_layers:  # uneven stages, with or without interleaving: analytic.uneven
+        raise InputError("pp", f"PP={pp} exceeds the {model.n_layers} layers of {model.label}")
     dp = gpus // (tp * cp * pp)
     if global_batch % (dp * micro_batch):
         raise InputError(
@@ -148,10 +148,10 @@ def check_config(
     if interleave > 1:
         if pp == 1:
             raise InputError("interleave", "interleaving (virtual pipeline stages) needs PP > 1")
-        if (model.n_layers // pp) % interleave:
+        if interleave > -(-model.n_layers // pp):
             raise InputError(
                 "interleave",
-                f"v={interleave} does not divide the {model.n_layers // pp} layers per pipeline stage",
+                f"v={interleave} exceeds the {-(-model.n_layers // pp)} layers of the largest pipeline stage",
             )
         if m % pp:
             raise InputError(
@@ -175,9 +175,11 @@ def valid_mask(model, st: Strategies) -> np.ndarray:
     tp, pp, dp, b, B, v, z = st.tp, st.pp, st.dp, st.micro_batch, st.global_batch, st.interleave, st.zero
     ok = (a % tp == 0) & (pp <= L) & (B % (dp * b) == 0) & (z >= 0) & (z <= 3)
     m = B // np.maximum(dp * b, 1)
-    ok &= (v == 1) | ((pp > 1) & (L % pp == 0) & ((L // pp) % v == 0) & (m % pp == 0))
+    ok &= (v == 1) | ((pp > 1) & (v <= -(-L // np.maximum(pp, 1))) & (m % pp == 0))  # analytic.uneven
     ok &= (z <= 1) | (pp == 1)
     ok &= ~st.seq_parallel | (tp > 1)
+    # a 2D grid splits the sequence: tp_c | tp, tp_c | s, and the rows run sequence parallel
+    ok &= (tp % st.tp_c == 0) & (model.seq_len % st.tp_c == 0) & ((st.tp_c == 1) | st.seq_parallel)
     from calib.analytic.modern import valid_mask_modern
 
     return ok & valid_mask_modern(model, st, m)

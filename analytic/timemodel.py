@@ -28,6 +28,7 @@ import numpy as np
 from calib.analytic import device_path as DP
 from calib.analytic import formulas as F
 from calib.analytic import modern as X
+from calib.analytic import tp2d as T2
 from calib.analytic import uneven as U
 from calib.analytic import zero_overlap as ZO
 from calib.analytic.bubble import pipeline_time_s
@@ -181,13 +182,18 @@ def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) 
     k_tp = members_per_node(t, 1, gpn)
     k_pp = members_per_node(2, t * st.cp * dp, gpn)
     shared, routed = X.moe_params(model, d, t, p, st.ep, mats)
-    grad_bytes = BYTES_GRAD * (stage_params(d, L, s, V, t, p, ffn_c, kv_frac, mats, tied) + shared)
+    t_w = T2.weight_split(t, st.tp_c, st.tp2d_kind)  # 2D table: weights over tp_r only
+    grad_bytes = BYTES_GRAD * (stage_params(d, L, s, V, t_w, p, ffn_c, kv_frac, mats, tied) + shared)
     exp_bytes = BYTES_GRAD * routed
 
-    def dp_t(coll):
-        return X.dp_time_s(cal, gpn, coll, grad_bytes, exp_bytes, st)
+    def dp_t(coll, per=1.0):
+        return X.dp_time_s(cal, gpn, coll, grad_bytes / per, exp_bytes / per, st)
 
-    return {
+    # ZeRO-3 gathers and reduce-scatters module by module (each layer, and the embedding):
+    # n_mod collectives of 1 / n_mod of the shard, each paying the group's latency (analytic.zero_overlap)
+    n_mod = U.stage_layers(L, p)[0] + 1.0
+
+    out = {
         **X.comm_extra(model, cal, gpn, st, b, s, d, kv_frac),
         "tp_ar_s": group_time_s(cal, ALLREDUCE, act_bytes, t, k_tp),
         "tp_ag_s": group_time_s(cal, ALLGATHER, act_bytes, t, k_tp),
@@ -197,7 +203,16 @@ def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) 
         "dp_ag_s": dp_t(ALLGATHER),
         "dp_rs_s": dp_t(REDUCESCATTER),
         "dp_reduce_s": dp_t(REDUCE),  # DeepSpeed ZeRO-2 issues reduces
+        "dp_ag_z3_s": n_mod * dp_t(ALLGATHER, n_mod),
+        "dp_rs_z3_s": n_mod * dp_t(REDUCESCATTER, n_mod),
     }
+    if np.any(st.tp_c > 1):  # 2D TP grids (seed 002): their own collectives (analytic.tp2d)
+        g2 = T2.comm_times_2d(cal, gpn, st, b, s_loc, d, ffn_c, kv_frac, grad_bytes)
+        two = st.tp_c > 1
+        out.update(
+            {k: np.where(two, g2[k], out[k]) for k in ("tp_ag_s", "tp_rs_s")}, tp2d_grad_s=g2["tp2d_grad_s"]
+        )
+    return out
 
 
 def evaluate(
@@ -296,24 +311,30 @@ def evaluate(
         head_compute, layer_compute + tp_layer + xl_exposed, lps, lps_last
     )  # = head when even
     fwd_sh, w_sh = X.schedule_shares(f_fwd, f_train, attn_fwd)
-    pipeline, bubble = pipeline_time_s(stage_mb, head_mb, p, m, v, st.schedule, fwd_sh, w_sh)
+    # the bubble runs at the pace of the slowest virtual stage (analytic.uneven): v x its layers
+    chunk_stage = v * U.chunk_layers(L, p, v) * (layer_compute + tp_layer + xl_exposed) + pp_mb
+    pipeline, bubble = pipeline_time_s(stage_mb, head_mb, p, m, v, st.schedule, fwd_sh, w_sh, chunk_stage)
 
     # ---- data parallel / ZeRO over the stage's parameter shard -------------------------
     shared_p, expert_p = X.moe_params(model, d, t, p, st.ep, mats)
-    dense_p = stage_params(d, L, s, V, t, p, ffn_c, kv_frac, mats, tied) + shared_p
+    dense_p = (
+        stage_params(d, L, s, V, T2.weight_split(t, st.tp_c, st.tp2d_kind), p, ffn_c, kv_frac, mats, tied)
+        + shared_p
+    )
     params_gpu = dense_p + expert_p
     ar, ag, rs3, rs2 = c["dp_ar_s"], c["dp_ag_s"], c["dp_rs_s"], c["dp_reduce_s"]
+    ag3, rs33 = c.get("dp_ag_z3_s", ag), c.get("dp_rs_z3_s", rs3)  # ZeRO-3: per-module collectives
     z = st.zero
     n_ag_mb = np.where(full, 3.0, 2.0)  # ZeRO-3 gathers per micro-batch
     dp_ar = np.where(z <= 1, ar, 0.0)
-    dp_ag = np.where(z == 1, ag, 0.0) + np.where(z == 2, ag, 0.0) + np.where(z == 3, m * n_ag_mb * ag, 0.0)
-    dp_rs = np.where(z == 2, m * rs2, 0.0) + np.where(z == 3, m * rs3, 0.0)
+    dp_ag = np.where(z == 1, ag, 0.0) + np.where(z == 2, ag, 0.0) + np.where(z == 3, m * n_ag_mb * ag3, 0.0)
+    dp_rs = np.where(z == 2, m * rs2, 0.0) + np.where(z == 3, m * rs33, 0.0)
 
     bwd_window = lps * layer_compute * (f_train - f_fwd) / f_train
     fwd_window = lps * layer_compute * f_fwd / f_train
     ovl = st.dp_overlap
     # ZeRO-3 gathers/reduce-scatters hide under compute only up to a fraction (analytic.zero_overlap)
-    z3_exp = m * (ZO.exposed_s(ag, fwd_window) + ZO.exposed_s((n_ag_mb - 1.0) * ag + rs3, bwd_window))
+    z3_exp = m * (ZO.exposed_s(ag3, fwd_window) + ZO.exposed_s((n_ag_mb - 1.0) * ag3 + rs33, bwd_window))
     ar_hidden = np.maximum(0.0, ar - bwd_window)  # ZeRO-0/1 all-reduce under the last backward
     rs2_exp = m * np.maximum(0.0, rs2 - bwd_window)  # ZeRO-2 reduces under each backward
     # exposed DP time with overlap, per stage (the all-gather after the step never hides)
@@ -338,6 +359,7 @@ def evaluate(
         )
         host = D.host_s(dm, fam, lps, m)
 
+    dp_exposed = dp_exposed + c.get("tp2d_grad_s", 0.0)  # 2D TP: weight gradients over tp_c
     device_iter = (pipeline + optimizer) + dp_exposed
     # the host issues every kernel: a step takes at least its issue time (device model only)
     iter_s = D.step_s(device_iter, host, dm) if dm is not None else device_iter
@@ -362,10 +384,11 @@ def evaluate(
             "iter_s": iter_s,
             "mem_total_bytes": mem["mem_total_bytes"],
             "oom": mem["mem_total_bytes"] + mem.get("mem_reserve_bytes", 0.0) > hw.hbm_bytes,
+            "dp_exposed_s": dp_exposed,  # the placement axis scales its DP change by this share
         }
 
     # ---- breakdown (per iteration) -----------------------------------------------------
-    z3_ag_share = np.where(z == 3, (n_ag_mb * ag) / np.maximum(n_ag_mb * ag + rs3, 1e-30), 0.0)
+    z3_ag_share = np.where(z == 3, (n_ag_mb * ag3) / np.maximum(n_ag_mb * ag3 + rs33, 1e-30), 0.0)
     ar_exp = np.where(ovl, np.where(z <= 1, ar_hidden, 0.0), dp_ar)
     ag_exp = np.where(
         ovl, np.where((z == 1) | (z == 2), ag, 0.0) + np.where(z == 3, z3_exp * z3_ag_share, 0.0), dp_ag
@@ -414,7 +437,7 @@ def evaluate(
         "dp_allreduce_s": dp_ar,
         "dp_allgather_s": dp_ag,
         "dp_reducescatter_s": dp_rs,
-        "dp_allreduce_exposed_s": ar_exp,
+        "dp_allreduce_exposed_s": ar_exp + c.get("tp2d_grad_s", 0.0),
         "dp_allgather_exposed_s": ag_exp,
         "dp_reducescatter_exposed_s": rs_exp,
         "bubble_s": bubble,

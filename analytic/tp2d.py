@@ -24,6 +24,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 BYTES = 2.0  # bf16
+KIND_2D, KIND_SUMMA = 0, 1
+KINDS = ("2d", "summa")
 
 
 def _ring(n):
@@ -84,6 +86,59 @@ def best_grid(b, seq, e, n: int, bw_in_gbps: float, bw_out_gbps: float, domain: 
         "time_1d_s": t1,
         "speedup": t1 / float(t[k]),
     }
+
+
+# ---- 2D TP as a strategy axis: collectives of one layer's forward pass ------------------
+def collectives(b, seq, e, f, kv_frac, n1, n2, kind) -> list[tuple[str, np.ndarray, str]]:
+    """(collective, buffer bytes, group 'r' = the n1 row group or 'c' = the n2 column group)
+    of one layer's forward pass -- the tables above as collectives the calibration can time.
+
+    The sum over them of ring factor x buffer is :func:`traffic_2d` / :func:`traffic_summa`
+    (with ``kv_frac`` = 1: grouped-query attention scales the K, V gathers by kv heads / heads).
+    SUMMA's broadcast panels are timed as all-gathers (each rank receives (n - 1) / n of the panel).
+    """
+    b, seq, e, f, kv, n1, n2 = (np.asarray(x, dtype=float) for x in (b, seq, e, f, kv_frac, n1, n2))
+    act = BYTES * b * seq / n2 * e  # b (seq / n2) e
+    kvg = BYTES * b * seq * e * kv / n1  # one gathered K or V
+    if kind == KIND_SUMMA:
+        panels = BYTES * (2.0 * b * seq * e + b * seq * f) / n2  # V1, V2, V3 activation panels
+        weights = BYTES * (e * e + 2.0 * e * f) / n1  # V1, V2, V3 weight panels
+        return [("allreduce", 2.0 * act, "r"), ("allgather", panels, "r"), ("reducescatter", act, "r"),
+                ("allgather", weights, "c"), ("allgather", 2.0 * kvg, "c")]  # fmt: skip
+    return [("allgather", 2.0 * act, "r"), ("reducescatter", 2.0 * act, "r"), ("allgather", 2.0 * kvg, "c")]
+
+
+def weight_split(tp, tp_c, kind) -> np.ndarray:
+    """GPUs one layer's weights are split over: n1 = tp / tp_c for the 2D table (weights
+    replicated over the sequence group n2), all tp for SUMMA and 1D."""
+    tp, tp_c = np.asarray(tp, dtype=float), np.asarray(tp_c, dtype=float)
+    return np.where((np.asarray(kind) == KIND_2D) & (tp_c > 1), tp / tp_c, tp)
+
+
+def comm_times_2d(cal, gpn, st, b, s_loc, d, ffn, kv_frac, params_bytes) -> dict[str, np.ndarray]:
+    """Per-layer TP seconds of 2D / SUMMA grids (tp = tp_r x tp_c, rows innermost), as the time
+    model's ``tp_ag_s`` / ``tp_rs_s`` (each a quarter of the forward pass: the model charges
+    4 (AG + RS) per layer for forward + backward, the backward mirroring the forward), and
+    ``tp2d_grad_s``: the all-reduce of the weight gradients over the n2 group where the 2D
+    table replicates the weights (once per iteration, not overlapped -- a stated simplification)."""
+    from calib.analytic.comm import group_time_s, members_per_node
+
+    tp, tc = st.tp.astype(float), st.tp_c.astype(float)
+    n1, n2 = tp / tc, tc
+    k1, k2 = members_per_node(n1, 1, gpn), members_per_node(n2, n1, gpn)
+    kind = np.asarray(st.tp2d_kind)
+    fwd = 0.0
+    for k in (KIND_2D, KIND_SUMMA):
+        if not np.any(kind == k):
+            continue
+        part = 0.0
+        for coll, nbytes, grp in collectives(b, s_loc, d, ffn, kv_frac, n1, n2, k):
+            n, kk = (n1, k1) if grp == "r" else (n2, k2)
+            part = part + np.where(n > 1, group_time_s(cal, coll, nbytes, np.maximum(n, 2.0), kk), 0.0)
+        fwd = np.where(kind == k, part, fwd)
+    grad = group_time_s(cal, "allreduce", params_bytes, np.maximum(n2, 2.0), k2)
+    grad = np.where((kind == KIND_2D) & (n2 > 1), grad, 0.0)
+    return {"tp_ag_s": fwd / 4.0, "tp_rs_s": fwd / 4.0, "tp2d_grad_s": grad}
 
 
 # ---- the science-transformer regime --------------------------------------------------

@@ -18,6 +18,27 @@ which :func:`analytic.bubble.pipeline_time_s` receives as a stage of n_max layer
 the *excess* of the last stage (:func:`head_excess_s`).  When p divides L this is the
 even model exactly (n_max = n_last = L / p, excess = t_head).  Memory and gradient
 shards follow the largest stage (n_max layers).
+
+**Interleaved** (v virtual stages per GPU, p v in all; Llama 3, Dubey et al. 2024
+arXiv:2407.21783 sec. 3.3.2: 126 layers on 16 stages, one layer taken off the first and
+the last stage, interleaved).  The same rule on the p v virtual stages: with
+r = L mod p v the first r virtual stages hold c = ceil(L / p v) layers, the others
+c - 1 (when r > 0).  Virtual stage g runs on GPU g mod p, so GPU q holds
+(c - 1) v + floor(r / p) + [q < r mod p] layers: the busiest GPU (q = 0) ceil(L / p)
+and the last floor(L / p) -- the per-GPU counts of the non-interleaved rule, so the
+steady state (m micro-batches through the busiest GPU, plus the head's excess on the
+last) and the memory are unchanged.  What interleaving changes is the bubble: during
+warm-up and cool-down a micro-batch crosses the p GPUs one virtual stage at a time,
+and the **slowest virtual stage** (c layers) sets the pace of each of those p - 1 hops:
+
+    bubble = (p - 1) (c t_layer + 2 t_p2p)       (F + B of one virtual stage)
+
+which is (p - 1) t_stage / v when p v divides L (Narayanan et al. SC21 sec. 2.2.2).
+Llama 3 405B, L = 126, p = 16, v = 8: r = 126, c = 1 -- the first 126 virtual stages
+hold one layer, the last two none (the paper puts its two empty chunks at the two ends:
+embedding only and head only; the time model charges the embedding nothing and lets the
+head overlap the lighter last GPU, so both placements give the same times); GPU 0 holds
+8 layers, GPU 15 7 + the LM head, and each warm-up hop is one layer.
 """
 
 from __future__ import annotations
@@ -42,3 +63,9 @@ def head_excess_s(head_s: ArrayLike, layer_s: ArrayLike, n_max: ArrayLike, n_las
         layer_s, dtype=float
     )
     return np.maximum(0.0, head - gap)
+
+
+def chunk_layers(n_layers: ArrayLike, pp: ArrayLike, interleave: ArrayLike) -> np.ndarray:
+    """Layers of the largest virtual stage: ceil(L / (p v)) (module docstring)."""
+    L, p, v = (np.asarray(x, dtype=float) for x in (n_layers, pp, interleave))
+    return np.ceil(L / (p * v))

@@ -27,10 +27,11 @@ from calib.analytic import formulas as F
 from calib.analytic import vfit as VF  # noqa: F401 - the fits, re-exported for callers
 from calib.analytic.machine import default_calibration
 from calib.analytic.memory import overflow_term
-from calib.analytic.specs import load_hardware
+from calib.analytic.specs import ModelSpec, load_hardware
 from calib.analytic.strategy import Strategies, check_config, valid_mask
 from calib.analytic.timemodel import System, comm_times, evaluate
 from calib.analytic.vfit import FIT_PARAMS, FITS, fit
+from calib.analytic.vshape import row_models
 from calib.analytic.vtable import model_columns
 
 from calib.core.errors import InputError
@@ -49,41 +50,66 @@ class Validation:
     systems: dict | None = None
 
 
+def _col(df: pd.DataFrame, name: str, default) -> np.ndarray:
+    return df[name].to_numpy() if name in df.columns else np.full(len(df), default)
+
+
 def strategies_of(df: pd.DataFrame) -> Strategies:
+    from calib.analytic.bubble import SCHEDULES
+    from calib.analytic.context import CP_KINDS
+
+    cp = _col(df, "cp", 1)
+    codes = {
+        "cp_kind": pd.Series(_col(df, "cp_kind", "ring")).map(CP_KINDS.index).to_numpy(),
+        "schedule": pd.Series(_col(df, "schedule", "1f1b")).map(SCHEDULES.index).to_numpy(),
+        "master": (pd.Series(_col(df, "master_weights", "fp32")) == "bf16").to_numpy(),
+    }
     return Strategies.of(
-        tp=df["tp"].to_numpy(), pp=df["pp"].to_numpy(), dp=(df["gpus"] // (df["tp"] * df["pp"])).to_numpy(),
+        tp=df["tp"].to_numpy(), pp=df["pp"].to_numpy(), dp=(df["gpus"] // (df["tp"] * cp * df["pp"])).to_numpy(),
         micro_batch=df["micro_batch"].to_numpy(), global_batch=df["global_batch"].to_numpy(),
         interleave=df["interleave"].to_numpy(), zero=df["zero"].to_numpy(),
         recompute=df["recompute"].map(F.RECOMPUTE_NAMES.index).to_numpy(),
         seq_parallel=df["seq_parallel"].to_numpy(), dp_overlap=df["dp_overlap"].to_numpy(),
-        flash_attention=df["flash_attention"].to_numpy(),
+        flash_attention=df["flash_attention"].to_numpy(), cp=cp, ep=_col(df, "ep", 1),
+        fp8=_col(df, "precision", "bf16") == "fp8", dist_opt=_col(df, "distributed_optimizer", False),
+        tp_overlap=_col(df, "tp_comm_overlap", False), **codes,
     )  # fmt: skip
 
 
-def check_rows(df: pd.DataFrame, where: str) -> None:
-    """Every row must be a valid strategy; name the first bad row and its rule."""
-    st = strategies_of(df)
-    ok = valid_mask(model_columns(df), st) & (df["gpus"] % (df["tp"] * df["pp"]) == 0).to_numpy()
-    if ok.all():
-        return
-    i = int(np.flatnonzero(~ok)[0])
-    r = df.iloc[i]
-    from calib.analytic.specs import ModelSpec
+def model_groups(df: pd.DataFrame) -> list:
+    """(row indices, model) groups: dense rows as per-row ModelColumns, a MoE shape as a ModelSpec."""
+    if "n_experts" not in df.columns:
+        return [(np.arange(len(df)), model_columns(df))]
+    return row_models(df)
 
-    model = ModelSpec(
-        str(r["label"]),
-        int(r["d_model"]),
-        int(r["n_layers"]),
-        int(r["n_heads"]),
-        int(r["seq_len"]),
-        int(r["vocab"]),
-    )
-    try:
-        check_config(model, int(r["gpus"]), int(r["tp"]), int(r["pp"]), int(r["micro_batch"]), int(r["global_batch"]),
-                     int(r["interleave"]), int(r["zero"]), F.RECOMPUTE_NAMES.index(r["recompute"]), bool(r["seq_parallel"]))  # fmt: skip
-    except InputError as exc:
-        raise InputError(where, f"row {i + 1} ({r['label']}): {exc.problem}") from None
-    raise InputError(where, f"row {i + 1} ({r['label']}): invalid strategy")
+
+def check_rows(df: pd.DataFrame, where: str, systems: dict | None = None) -> None:
+    """Every row must be a valid strategy; name the first bad row and its rule."""
+    from calib.analytic.modern import check_modern
+    from calib.analytic.vshape import spec_of
+
+    for idx, model in model_groups(df):
+        sub = df.iloc[idx]
+        st = strategies_of(sub)
+        ok = valid_mask(model, st) & (sub["gpus"] % (sub["tp"] * st.cp * sub["pp"]) == 0).to_numpy()
+        fp8_ok = np.ones(len(sub), dtype=bool)
+        if systems is not None:
+            fp8_ok = ~st.fp8 | np.array([bool(systems[h].hw.peak_fp8_tflops) for h in sub["hardware"]])
+        if (ok & fp8_ok).all():
+            continue
+        j = int(np.flatnonzero(~(ok & fp8_ok))[0])
+        i, r = int(idx[j]), sub.iloc[j]
+        spec = spec_of(r) if "n_experts" in df.columns else ModelSpec(str(r["label"]), *(int(r[c]) for c in (
+            "d_model", "n_layers", "n_heads", "seq_len", "vocab")))  # fmt: skip
+        try:
+            check_config(spec, int(r["gpus"]), int(r["tp"]), int(r["pp"]), int(r["micro_batch"]), int(r["global_batch"]),
+                         int(r["interleave"]), int(r["zero"]), F.RECOMPUTE_NAMES.index(r["recompute"]),
+                         bool(r["seq_parallel"]), int(st.cp[j]))  # fmt: skip
+            hw = systems[r["hardware"]].hw if systems is not None else None
+            check_modern(spec, hw, st, j)
+        except InputError as exc:
+            raise InputError(where, f"row {i + 1} ({r['label']}): {exc.problem}") from None
+        raise InputError(where, f"row {i + 1} ({r['label']}): invalid strategy")
 
 
 def hardware_conflicts(df: pd.DataFrame, base: System) -> dict[str, int]:
@@ -125,19 +151,17 @@ class Table:
     def of(cls, df: pd.DataFrame) -> Table:
         df = df.reset_index(drop=True)
         groups = []
-        for h in df["hardware"].unique():
-            idx = np.flatnonzero((df["hardware"] == h).to_numpy())
-            sub = df.iloc[idx]
-            groups.append((h, idx, model_columns(sub), strategies_of(sub)))
-        d, L, s, V = (df[c].to_numpy(dtype=float) for c in ("d_model", "n_layers", "seq_len", "vocab"))
         B = df["global_batch"].to_numpy(dtype=float)
+        fl_model, fl_hw = np.zeros(len(df)), np.zeros(len(df))
+        for idx_m, model in model_groups(df):
+            fl_model[idx_m], fl_hw[idx_m] = _flops(model, df.iloc[idx_m], B[idx_m])
+            for h in df["hardware"].iloc[idx_m].unique():
+                idx = idx_m[(df["hardware"].iloc[idx_m] == h).to_numpy()]
+                sub_model = model if isinstance(model, ModelSpec) else model_columns(df.iloc[idx])
+                groups.append((h, idx, sub_model, strategies_of(df.iloc[idx])))
+        d, L, s, V = (df[c].to_numpy(dtype=float) for c in ("d_model", "n_layers", "seq_len", "vocab"))
         n = df["gpus"].to_numpy(dtype=float)
-        rc = df["recompute"].map(F.RECOMPUTE_NAMES.index).to_numpy()
-        flops = {
-            "model": B * F.model_flops(1.0, s, d, L, V),
-            "hardware": B * (F.training_flops_layers(1.0, s, d, L, rc) + F.lm_head_flops(1.0, s, d, V)),
-            "megatron_eq3": F.megatron_eq3_flops(B, s, d, L, V),
-        }
+        flops = {"model": fl_model, "hardware": fl_hw, "megatron_eq3": F.megatron_eq3_flops(B, s, d, L, V)}
         conv = df["tflops_convention"].to_numpy()
         fl = np.select([conv == k for k in flops], list(flops.values()), default=np.nan)
         is_iter = df["measured_iter_s"].notna().to_numpy()
@@ -163,10 +187,10 @@ class Table:
         it = np.empty(len(self.df))
         oom = np.zeros(len(self.df), dtype=bool)
         term = np.full(len(self.df), "", dtype=object)
-        for h, idx, model, st in self.groups:
+        for g, (h, idx, model, st) in enumerate(self.groups):
             system = systems[h]
             # fits change compute parameters only: reuse collective times per calibration
-            key = (h, id(system.cal.collectives), id(system.cal.network), system.gpus_per_node)
+            key = (g, h, id(system.cal.collectives), id(system.cal.network), system.gpus_per_node)
             if key not in self._comm:
                 self._comm[key] = comm_times(model, system, st)
             r = evaluate(model, system, st, self._comm[key])
@@ -187,6 +211,27 @@ class Table:
             "measured": self.measured, "predicted": pred, "err_pct": (pred / self.measured - 1.0) * 100.0,
             "pred_iter_s": it, "oom": oom, "oom_term": term,
         })  # fmt: skip
+
+
+def _flops(model, sub: pd.DataFrame, B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(model FLOPs, hardware FLOPs with recompute) per iteration of each row, from its shape:
+    3 x forward (2 x matrix parameters + 4 s d per layer, Narayanan et al. eq. 3's attention
+    convention, no causal halving) + the LM head 6 s d V; MoE experts counted active."""
+    from calib.analytic import modern as X
+    from calib.analytic.timemodel import shape_terms
+
+    d, L, s, V = (
+        np.asarray(getattr(model, c), dtype=float) for c in ("d_model", "n_layers", "seq_len", "vocab")
+    )
+    ffn, kv_frac, mats, _ = shape_terms(model)
+    ffn = X.MOE.dense_ffn_avg(model, ffn)
+    rc = sub["recompute"].map(F.RECOMPUTE_NAMES.index).to_numpy()
+    moe = X.moe_model_flops(model, B, s)
+    head = F.lm_head_flops(1.0, s, d, V)
+    full = np.where(rc == F.FULL, 4.0 / 3.0, 1.0)
+    model_fl = moe + B * (F.training_flops_layers(1.0, s, d, L, F.NONE, ffn, kv_frac, mats) + head)
+    hw_fl = moe * full + B * (F.training_flops_layers(1.0, s, d, L, rc, ffn, kv_frac, mats) + head)
+    return np.broadcast_to(model_fl, B.shape), np.broadcast_to(hw_fl, B.shape)
 
 
 #: calibrate on rows 0, 3, 6, ... (by position in the table, chosen before looking at errors)
@@ -253,8 +298,8 @@ def validate(
         raise InputError("fit", f"unknown fit '{fit_kind}' (known: {', '.join(FITS)})")
     if sum(x is not None and x is not False for x in (calibrate_on, holdout, loo or None)) > 1:
         raise InputError("calibrate_on", "give at most one of calibrate_on, holdout, loo")
-    check_rows(df, where)
     systems = systems_for(df, base, where)
+    check_rows(df, where, systems)
     table = Table.of(df)
     n = len(df)
     if fit_kind == "none":

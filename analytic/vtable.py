@@ -28,6 +28,12 @@ tflops_convention      with      model (no recompute) | hardware (with recompute
 group                  no        free tag used to pick calibration rows (e.g. full, seqsel)
 source                 no        where the numbers come from
 =====================  ========  ===========================================================
+
+Model-shape and stack columns (all optional: ``model`` preset, ffn, kv_heads, mlp,
+tied_embeddings, the MoE shape, cp, cp_kind, ep, precision, master_weights, schedule,
+distributed_optimizer, tp_comm_overlap) are described in :mod:`analytic.vshape`; with a
+``model`` preset the shape columns above may be left out.  ``dp`` is checked against
+gpus / (tp x cp x pp).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from calib.analytic import vshape as VS
 from calib.analytic.formulas import RECOMPUTE_NAMES
 from calib.analytic.specs import ModelColumns
 
@@ -88,6 +95,7 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
     where = str(where)
     if df.empty:
         raise InputError(where, "the table has no rows")
+    df = VS.fill_presets(df, where)
     missing = [c for c in INT_REQUIRED if c not in df.columns]
     if missing:
         raise InputError(where, f"missing column(s) {', '.join(missing)} (the schema is in docs/analytic.md)")
@@ -112,13 +120,15 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
         )
     for col in ("seq_parallel", "dp_overlap", "flash_attention"):
         out[col] = _bools(out, col, where)
+    out = VS.normalise_stack(out, where, _ints, _bools)
     if "dp" in out.columns and out["dp"].notna().any():
         dp = _ints(out.fillna({"dp": 0}), "dp", where)
-        want = out["gpus"] // (out["tp"] * out["pp"])
+        want = out["gpus"] // (out["tp"] * out["cp"] * out["pp"])
         bad = (dp > 0) & (dp != want)
         if bad.any():
             i = int(np.flatnonzero(bad.to_numpy())[0])
-            raise InputError(where, f"row {i + 1}: dp={dp.iloc[i]} but gpus / (tp x pp) = {want.iloc[i]}")
+            what = "tp x cp x pp" if out["cp"].iloc[i] > 1 else "tp x pp"
+            raise InputError(where, f"row {i + 1}: dp={dp.iloc[i]} but gpus / ({what}) = {want.iloc[i]}")
     present = [c for c in MEASURES if c in out.columns]
     if not present:
         raise InputError(where, f"no measured column: give one of {', '.join(MEASURES)}")
@@ -154,9 +164,11 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
 
 
 def model_columns(df: pd.DataFrame) -> ModelColumns:
-    return ModelColumns(
-        *(df[c].to_numpy(dtype=float) for c in ("d_model", "n_layers", "n_heads", "seq_len", "vocab"))
-    )
+    """Dense per-row shapes (one MLP kind: the first row's); :func:`analytic.vshape.row_models`
+    groups a mixed table."""
+    if "mlp" not in df.columns:
+        return VS.columns_of(df)
+    return VS.columns_of(df, str(df["mlp"].iloc[0]), bool(df["tied_embeddings"].iloc[0]))
 
 
 def read_table(path: str | Path, fmt: str = "auto") -> tuple[pd.DataFrame, str]:

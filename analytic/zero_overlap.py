@@ -12,6 +12,12 @@ hide at most the compute of one layer per gathered layer, and never all of it:
   other), and the rate limiter that bounds in-flight gathers stalls compute when the
   collective is late.
 
+The collectives themselves are timed module by module (:func:`analytic.timemodel.comm_times`,
+``dp_ag_z3_s`` / ``dp_rs_z3_s``): a stage of n layers issues n + 1 all-gathers per pass (each
+layer and the embedding), each of 1 / (n + 1) of the shard and each paying the ring's
+latency over the whole DP group -- the per-layer cost that grows with the DP size even when
+the bytes per GPU do not.
+
 So the exposed time of a window of ``comm`` seconds of collectives under ``compute``
 seconds of work is modelled with an overlap fraction f:
 

@@ -125,6 +125,7 @@ def main() -> None:
     print(f"peer: Calculon ~{CALCULON_PER_CORE:.0f} strategies/s/core x {cores} cores = {calculon:,.0f} strategies/s "
           "(quoted from issue 4 / seed 000, not measured here)")  # fmt: skip
     modern_cases(max(1, args.repeat // 2))
+    seed_cases(model, system, B, sweep, max(1, args.repeat // 2), med2)
     for name, rate in (("[1] 4096 GPUs", med1), ("[2] sweep", med2)):
         print(
             f"ratio {name}: {rate / loop_rate:,.0f}x the per-strategy loop, {rate / calculon:,.0f}x Calculon (quoted)"
@@ -160,6 +161,23 @@ def modern_cases(repeat: int) -> None:
         print(f"    best at {int(row['gpus'])} GPUs: TP {row['tp']} CP {row['cp']} EP {row['ep']} PP {row['pp']} "
               f"DP {row['dp']} schedule {row['schedule']} iter {row['iter_s']:.3f} s, MFU {row['mfu']:.1%}, "
               f"{row['mem_total_gb']:.1f} GB")  # fmt: skip
+
+
+def seed_cases(model, system, B, sweep, repeat, plain_rate) -> None:
+    """Workloads 5 and 6 (seed 002): the sweep of [2] with the placement axis over the whole grid
+    (NVLink domains of 8 and 72), and with 2D TP grids (tp_c 1, 2, 4, 8) on top."""
+    from calib.analytic.search import Space
+
+    cases = (
+        ("[5] sweep + placement, NVL 8", Space(nvlink_domain=8)),
+        ("[5] sweep + placement, NVL 72", Space(nvlink_domain=72)),
+        ("[6] sweep + placement NVL 8 + 2D TP cols 1/2/4/8", Space(nvlink_domain=8, tp_c=(1, 2, 4, 8))),
+    )
+    for name, space in cases:
+        res, med, best = timed_search(model, system, sweep, B, repeat, space)
+        print(f"{name}: {res.n_strategies:,} valid strategies ({res.n_feasible:,} fit), "
+              f"{res.n_strategies / med:.3f} s, median {med:,.0f} strategies/s (best {best:,.0f}; "
+              f"{med / plain_rate:.2f}x the plain sweep's rate); {CPU_RATES[-1]:,.0f} per CPU-second")  # fmt: skip
 
 
 if __name__ == "__main__":

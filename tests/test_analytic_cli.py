@@ -120,9 +120,9 @@ def test_predict_out_file_is_atomic(tmp_path):
         ),
         (["--pp", "48", "--gpus", "48"], "--pp", "PP=48 exceeds the 40 layers"),
         (
-            ["--pp", "3", "--interleave", "2", "--gpus", "24"],
-            "--pp",
-            "PP=3 with interleaving must divide the 40",
+            ["--pp", "3", "--interleave", "15", "--gpus", "24"],
+            "--interleave",
+            "v=15 exceeds the 14 layers of the largest pipeline stage",
         ),
         (
             ["--zero", "3", "--pp", "2", "--gpus", "16"],

@@ -33,6 +33,7 @@ FLAGS: dict[str, str] = {
     "max_tp": "--max-tp",
     "cp": "--cp",
     "cp_kind": "--cp-kind",
+    "tp_c": "--tp-cols",
     "ep": "--ep",
     "schedule": "--schedule",
     "fp8": "--precision",

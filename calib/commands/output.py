@@ -147,7 +147,7 @@ def emit(text: str, out: str | Path | None) -> str | None:
 
 
 SEARCH_COLUMNS = {
-    "rank": "#", "gpus": "GPUs", "tp": "TP", "cp": "CP", "ep": "EP", "pp": "PP", "dp": "DP", "micro_batch": "mb", "microbatches": "m",
+    "rank": "#", "gpus": "GPUs", "tp": "TP", "tp_c": "TP cols", "cp": "CP", "ep": "EP", "pp": "PP", "dp": "DP", "micro_batch": "mb", "microbatches": "m",
     "interleave": "v", "schedule": "schedule", "zero": "ZeRO", "recompute": "recompute", "seq_parallel": "SP", "dp_overlap": "ovl",
     "iter_s": "iter s", "tokens_per_s": "tokens/s", "tflops_per_gpu": "TFLOP/s/GPU", "mfu": "MFU",
     "compute_s": "compute s", "comm_exposed_s": "comm s", "bubble_s": "bubble s", "tp_s": "TP s",

@@ -123,6 +123,10 @@ Examples:
 @click.option(
     "--tp-comm-overlap", is_flag=True, help="Overlap TP collectives with GEMMs (a stated fraction)."
 )
+@click.option("--tp-cols", "tp_cols", help="2D tensor parallelism (seed 002): columns tp_c of the tp_r x tp_c TP "
+              "grid to consider, e.g. 1,2,4 (1 = 1D TP, the default; the columns split the sequence).")  # fmt: skip
+@click.option("--tp2d-kind", type=Choice(("2d", "summa")), default="2d", show_default=True,
+              help="2D TP grid: seed 002's 2D table (weights over the rows) or SUMMA (weights over the grid).")  # fmt: skip
 @click.option(
     "--objective",
     type=Choice(("time", "energy", "cost")),
@@ -174,7 +178,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     moe = pop_moe(shape)
     stack = {k: shape.pop(k) for k in ("cp_sizes", "cp_kind", "ep_sizes", "schedules", "precision",
                                        "master_weights", "distributed_optimizer", "tp_comm_overlap",
-                                       "uneven_pp")}  # fmt: skip
+                                       "uneven_pp", "tp_cols", "tp2d_kind")}  # fmt: skip
     model = apply_moe(resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape), **moe)
     B = global_batch or model.global_batch
     if B is None:
@@ -201,6 +205,8 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         tp_overlap=stack["tp_comm_overlap"],
         master=master_code(stack["master_weights"]),
         uneven_pp=stack["uneven_pp"],
+        tp_c=parse_list(stack["tp_cols"], "--tp-cols", (1,)),
+        tp2d_kind=("2d", "summa").index(stack["tp2d_kind"]),
     )
     if space.fp8 and not machine.hw.peak_fp8_tflops:
         raise InputError("--precision", f"hardware {machine.hw.name} states no peak_fp8_tflops")
