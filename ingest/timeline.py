@@ -77,15 +77,15 @@ class Timeline:
 def build(ev: Events, rules: Rules) -> Timeline:
     notes: list[str] = []
     names = ev.names
-    comm_name = rules.is_comm(names)
-    wait_name = rules.is_wait(names)
     gloo_thread = np.array(
         ["gloo" in (ev.thread_names.get(i) or "") for i in range(len(ev.threads))], dtype=bool
     )
     host_kinds = np.isin(ev.kind, (RUNTIME, OP, ANNOTATION)) & ~gloo_thread[ev.thread]
-    waits = np.flatnonzero(wait_name[ev.name] & host_kinds)
+    waits = np.flatnonzero(_on_names(rules.is_wait, names, ev.name[host_kinds])[ev.name] & host_kinds)
 
     dev = ev.of_kind(*DEVICE_KINDS)
+    # GPU: only device events can be communication; CPU: any event
+    comm_name = _on_names(rules.is_comm, names, ev.name[dev]) if len(dev) else rules.is_comm(names)
     if len(dev):
         device = "gpu"
         ops = np.flatnonzero((ev.kind == OP) & ~gloo_thread[ev.thread])
@@ -146,6 +146,17 @@ def build(ev: Events, rules: Rules) -> Timeline:
         iteration=iteration,
         notes=notes,
     )
+
+
+def _on_names(rule, names: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """``rule`` (a Rules.is_* method) per name code, run only on the names in ``codes``
+    (False elsewhere): the long kernel names need not be scanned for host patterns."""
+    present = np.zeros(len(names), dtype=bool)
+    present[codes] = True
+    idx = np.flatnonzero(present)
+    out = np.zeros(len(names), dtype=bool)
+    out[idx] = rule(names[idx])
+    return out
 
 
 def _kernel_class(rules: Rules, names: np.ndarray, codes: np.ndarray) -> np.ndarray:
