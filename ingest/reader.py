@@ -213,23 +213,21 @@ def read_bytes(path: Path, max_inflated_bytes: int | None = None) -> tuple[bytes
 def _inflate(blob: bytes, limit: int) -> bytes | None:
     """Inflate all gzip members, or None as soon as the output exceeds ``limit`` bytes.
 
-    Streams in 64 MiB steps so that a gzip bomb is stopped before it fills memory; the
-    steps are joined once at the end (no repeated buffer growth).
+    One call per member, its output capped at what the limit still allows (plus one
+    byte, to tell "exactly at the limit" from "beyond"): a gzip bomb stops at the limit,
+    memory never exceeds it, and a one-member file (every trace) comes out as the
+    decompressor's own buffer, without joining steps (a copy of the whole JSON).
     """
     chunks: list[bytes] = []
     total = 0
     buf = blob
     while buf:
         d = _zlib.decompressobj(wbits=31)
-        while True:
-            chunk = d.decompress(buf, 1 << 26)
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > limit:
-                return None
-            buf = d.unconsumed_tail
-            if d.eof or not buf:
-                break
+        chunk = d.decompress(buf, limit - total + 1)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            return None
         if not d.eof:
             raise EOFError("compressed file ended before the end-of-stream marker")
         buf = d.unused_data
