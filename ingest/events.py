@@ -8,7 +8,7 @@ later step works on these columns; string work happens once per unique name.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -68,16 +68,19 @@ class Events:
 
     def arg(self, idx: np.ndarray, attr: str) -> list[Any]:
         """One ``args`` attribute for the events ``idx`` (a Python list, subset only)."""
-        return list(map(attrgetter(attr), self.args_of(idx)))
+        return list(map(attrgetter(attr), self._args_iter(idx)))
 
     def int_arg(self, idx: np.ndarray, attr: str) -> np.ndarray:
         """An integer ``args`` attribute (typed in ingest.reader.Args) as int64; -1 missing."""
-        return np.fromiter(map(attrgetter(attr), self.args_of(idx)), dtype=np.int64, count=len(idx))
+        return np.fromiter(map(attrgetter(attr), self._args_iter(idx)), dtype=np.int64, count=len(idx))
 
     def args_of(self, idx: np.ndarray) -> list[Args]:
         """The decoded args of events ``idx``."""
-        args = self.args
-        return [args[i] for i in np.asarray(idx).tolist()]
+        return list(self._args_iter(idx))
+
+    def _args_iter(self, idx: np.ndarray) -> Iterator[Args]:
+        # C-level map, no intermediate list (about 20 % faster than a comprehension)
+        return map(self.args.__getitem__, np.asarray(idx).tolist())
 
 
 class _Codes(dict):
