@@ -13,7 +13,7 @@ All times are int64 nanoseconds; all work is numpy (no Python loop over interval
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -128,6 +128,7 @@ class Nesting:
     thread: np.ndarray
     depth: np.ndarray
     leaf: np.ndarray
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, start: np.ndarray, end: np.ndarray, thread: np.ndarray) -> Nesting:
@@ -161,6 +162,33 @@ class Nesting:
     def outermost(self) -> np.ndarray:
         return self.depth == 0
 
+    def _levels(self) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """:meth:`_levels_of` all intervals, built once per Nesting (queried many times)."""
+        if "levels" not in self._cache:
+            self._cache["levels"] = self._levels_of(np.arange(len(self.start)))
+        return self._cache["levels"]
+
+    def _levels_of(self, idx_all: np.ndarray):
+        """Thread-keyed starts and ends, and per depth (deepest first) the intervals of
+        ``idx_all`` at that depth sorted by start key, with those keys."""
+        ks = self.thread * THREAD_STRIDE + self.start
+        ke = self.thread * THREAD_STRIDE + self.end
+        levels: list[tuple[np.ndarray, np.ndarray]] = []
+        if len(idx_all) == 0:
+            return ks, ke, levels
+        depth = self.depth[idx_all]
+        if len(idx_all) != len(self.start):
+            # depth among the masked subset only: recompute so levels stay disjoint
+            sub = Nesting.build(self.start[idx_all], self.end[idx_all], self.thread[idx_all])
+            depth = sub.depth
+        for d in range(int(depth.max()), -1, -1):
+            lvl = idx_all[depth == d]
+            if len(lvl) == 0:
+                continue
+            lvl = lvl[np.argsort(ks[lvl], kind="stable")]
+            levels.append((lvl, ks[lvl]))
+        return ks, ke, levels
+
     def innermost(self, thread: np.ndarray, t: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """Index of the deepest interval (restricted to ``mask``) containing each (thread, t).
 
@@ -170,25 +198,14 @@ class Nesting:
         result = np.full(len(q), -1, dtype=np.int64)
         if len(self.start) == 0 or len(q) == 0:
             return result
-        ks = self.thread * THREAD_STRIDE + self.start
-        ke = self.thread * THREAD_STRIDE + self.end
-        idx_all = np.flatnonzero(mask) if mask is not None else np.arange(len(ks))
-        if len(idx_all) == 0:
-            return result
-        depth = self.depth[idx_all]
-        if mask is not None:
-            # depth among the masked subset only: recompute so levels stay disjoint
-            sub = Nesting.build(self.start[idx_all], self.end[idx_all], self.thread[idx_all])
-            depth = sub.depth
+        if mask is None:
+            ks, ke, levels = self._levels()
+        else:
+            ks, ke, levels = self._levels_of(np.flatnonzero(mask))
         todo = np.ones(len(q), dtype=bool)
-        for d in range(int(depth.max()), -1, -1):
-            lvl = idx_all[depth == d]
-            if len(lvl) == 0:
-                continue
-            order = np.argsort(ks[lvl], kind="stable")
-            lvl = lvl[order]
+        for lvl, ks_lvl in levels:
             qi = np.flatnonzero(todo)
-            pos = np.searchsorted(ks[lvl], q[qi], side="right") - 1
+            pos = np.searchsorted(ks_lvl, q[qi], side="right") - 1
             ok = pos >= 0
             cand = lvl[np.where(ok, pos, 0)]
             ok &= ke[cand] > q[qi]
