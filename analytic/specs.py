@@ -222,6 +222,7 @@ class HardwareSpec:
             "topology": codes[self.topology],
             "nodes_per_group": float(self.nodes_per_group),
             "global_taper": float(self.global_taper),
+            "node_nic_gbps": float(self.node_nic_gbps),
         }
 
     @property

@@ -34,6 +34,7 @@ from calib.analytic import zero_overlap as ZO
 from calib.analytic.bubble import pipeline_time_s
 from calib.analytic.comm import group_time_s, members_per_node
 from calib.analytic.memory import BYTES_GRAD, activations_bytes, logits_bytes, memory_per_gpu
+from calib.analytic.shape_terms import shape_terms, stage_params  # noqa: F401 (re-exported)
 from calib.analytic.specs import HardwareSpec, ModelColumns, ModelSpec
 from calib.analytic.strategy import Strategies
 from calib.calibrate import device_step as D
@@ -141,26 +142,6 @@ def dispatch_split(cal: Calibration) -> float:
     if intra is None or inter is None or intra.value + inter.value <= 0:
         return 0.5
     return intra.value / (intra.value + inter.value)
-
-
-def stage_params(d, L, s, V, t, p, ffn=None, kv_frac=1.0, mlp_mats=2.0, tied=True) -> np.ndarray:
-    """Parameters one GPU holds: its stage's layers plus the embedding (and an untied LM
-    head on a single stage), over TP."""
-    emb = V * d * np.where(np.asarray(tied, dtype=bool) | (np.asarray(p) > 1), 1.0, 2.0)
-    n_max = U.stage_layers(L, p)[0]  # the largest stage when p does not divide L (analytic.uneven)
-    return (n_max * (F.layer_matrix_params(d, ffn, kv_frac, mlp_mats) + 13.0 * d) + emb + s * d) / t
-
-
-def shape_terms(model) -> tuple[np.ndarray, np.ndarray, float, bool]:
-    """(ffn, kv / a, MLP matrices, tied) of a model spec or per-row columns."""
-    ex = model.shape_extras
-    kv_frac = np.asarray(ex["kv"], dtype=float) / np.asarray(model.n_heads, dtype=float)
-    return (
-        np.asarray(ex["ffn"], dtype=float),
-        kv_frac,
-        3.0 if ex["mlp"] == "swiglu" else 2.0,
-        bool(ex["tied"]),
-    )
 
 
 def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) -> dict[str, np.ndarray]:

@@ -6,7 +6,7 @@ floor(L / p).  The placement stated here (a default, as Megatron-LM's uneven
 to the first r stages, so the last stage -- which also runs the LM head -- holds
 floor(L / p) when r > 0.  The embedding lookup on the first stage is a gather (no
 matmul) and adds memory, not time: every stage is charged the embedding's parameters
-(:func:`analytic.timemodel.stage_params`), the conservative bound.
+(:func:`analytic.shape_terms.stage_params`), the conservative bound.
 
 In 1F1B the slowest stage sets the pace.  Per micro-batch, a full stage takes
 n_max * t_layer and the last n_last * t_layer + t_head, so

@@ -145,6 +145,8 @@ class NetworkScaling:
     quality: FitQuality | None = None
     measured: tuple[tuple[int, float], ...] = ()  # (n_gpus, eff) points the fit used
     segments: tuple[Segment, ...] = ()  # form "nccl": the ring step time against chunk size
+    #: form "nccl": a ring's pipeline fill and drain against chunk size (calibrate.ringfill)
+    fill_segments: tuple[Segment, ...] = ()
 
     def model_time_s(
         self, nbytes: ArrayLike, n_gpus: ArrayLike, *, shift: float = 0.0
@@ -153,7 +155,10 @@ class NetworkScaling:
         from calib.calibrate import ncclmodel
 
         gpn = self.params["gpus_per_node"].value
-        return ncclmodel.time_s(self.collective, self.params, self.segments, nbytes, n_gpus, gpn, shift=shift)
+        return ncclmodel.time_s(
+            self.collective, self.params, self.segments, nbytes, n_gpus, gpn, shift=shift,
+            fill=self.fill_segments,
+        )  # fmt: skip
 
     def eff(self, n_gpus: ArrayLike) -> np.ndarray:
         n = np.maximum(np.asarray(n_gpus, dtype=float), self.g_gpus)
@@ -192,6 +197,7 @@ class NetworkScaling:
             quality=FitQuality.from_json(d.get("quality")),
             measured=tuple(tuple(m) for m in d.get("measured", ())),
             segments=tuple(Segment.from_json(x) for x in d.get("segments", ())),
+            fill_segments=tuple(Segment.from_json(x) for x in d.get("fill_segments", ())),
         )
 
 

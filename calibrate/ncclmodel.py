@@ -14,25 +14,28 @@ model follows it:
   tuner's constant ``baseLat`` is shared by all n - 1 steps).  So the time of one ring
   step is a function tau(c) of the chunk -- piecewise alpha-beta, one regime per
   protocol/channel choice -- that does not depend on n, and
-  ``t_ring(n, S) = nsteps(n) * tau(S / n)``.  tau is fitted from nccl-tests logs in
-  chunk space (:mod:`calibrate.netfit`).  Every ring step crosses a node boundary when
-  gpus_per_node < n (the ring leaves each node once per channel), so the step runs at
-  the NIC level; inside a node the NVLink curves apply (``Calibration.collective_time_s``).
+  ``t_ring(n, S) = nsteps(n) * tau(S / n)`` -- except that tau, read at the fitted
+  scale, carries that ring's once-only pipeline fill and drain: steps beyond the fitted
+  scale's cost tau - L0 / fill_steps (:func:`ring_time_s`, :mod:`calibrate.ringfill`).
+  tau is fitted from nccl-tests logs in chunk space (:mod:`calibrate.netfit`).  Every ring
+  step crosses a node boundary when gpus_per_node < n (the ring leaves each node once per
+  channel), so the step runs at the NIC level; inside a node the NVLink curves apply
+  (``Calibration.collective_time_s``).
 * **Tree** (all-reduce only; NCCL's double binary tree across nodes, a chain inside each
-  node).  The tuner's tree latency is ``2 ((ppn - 1) intraLat + log2i(nNodes) interLat)``
-  with ``hwLat`` NVLink/Simple 4 us and NET/Simple 14 us; its bandwidth is one
-  pipelined stream.  Here ``t_tree = A * L_nccl(nodes, ppn) + S * 2 (n-1)/n / B_tree``:
-  NCCL's latency shape (constants fixed from tuning.cc) times a fitted scale A (the
-  real network's latency over NCCL's table), and a fitted tree bus bandwidth, at most
-  0.92 x the ring's (tuning.cc: ``busBw * .92`` for the tree).  A tree's neighbours
+  node): ``A * L_tuner + NIC bytes / (B_tree * share * treeCorrectionFactor)`` with the
+  latency, protocol share and correction of the protocol NCCL's tuner picks
+  (:func:`calibrate.nccltuner.tree_parts`), a fitted scale A, and the bytes each node's
+  NICs carry (:func:`tree_nic_bytes`: S at 2 nodes, 2 S beyond).  A tree's neighbours
   (node i and nodes 2i, 2i+1) lie anywhere in the machine, like all-to-all peers and
   unlike a ring's, so its bytes get the topology's contention factor too.
-* **The choice**: NCCL takes the algorithm/protocol of least modelled time; this model
-  takes the least of its ring and tree times (protocols are inside tau).  NVLS and
-  CollNet need NVSwitch multicast / SHARP; a system whose spec has neither never uses
+* **The choice**: NCCL takes the algorithm/protocol of least *modelled* time in its own
+  table; :mod:`calibrate.nccltuner` emulates it and decides where it reproduces the
+  fitted logs' choices, else the least of the fitted ring and tree times is taken.  NVLS
+  and CollNet need NVSwitch multicast / SHARP; a system whose spec has neither never uses
   them (Polaris: neither), and no sample could calibrate them, so they are not modelled.
 * **All-to-all** (n - 1 point-to-point exchanges of S / n, all posted at once): one
-  per-peer cost l_peer for each of the n - 1 peers, plus the bytes leaving each node,
+  per-peer cost for each of the n - 1 peers -- l_LL while the per-peer message S / n is
+  within NCCL's P2P LL threshold (16 KiB), l_peer above (Simple) -- plus the bytes leaving each node,
   ``gpn * S * (n - gpn) / n``, over the node's effective NIC bandwidth B_node, slowed
   by the topology's contention factor (:func:`contention`).
 * **Send/recv**: one hop, tau(S).
@@ -45,6 +48,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from calib.calibrate import nccltuner
 from numpy.typing import ArrayLike
 
 from calib.core.collective_names import (
@@ -59,17 +63,16 @@ from calib.core.collective_names import (
 
 FORM = "nccl"
 
-#: tuning.cc hwLat[NCCL_HW_NVLINK][NCCL_ALGO_TREE][NCCL_PROTO_SIMPLE] (us)
-NCCL_TREE_NVLINK_LAT_US = 4.0
-#: tuning.cc hwLat[NCCL_HW_NET][NCCL_ALGO_TREE][NCCL_PROTO_SIMPLE] (us)
-NCCL_TREE_NET_LAT_US = 14.0
-#: tuning.cc: tree bus bandwidth = ring's x .92 at most
+#: tuning.cc (2.20.3, NVIDIA/nccl b6475625): tree busBw = ring's x .92 at most
 NCCL_TREE_BW_FACTOR = 0.92
-#: tuning.cc hwLat[NCCL_HW_NET][NCCL_ALGO_RING][NCCL_PROTO_SIMPLE] (us)
+#: tuning.cc (2.20.3) hwLat[NCCL_HW_NET][NCCL_ALGO_RING][NCCL_PROTO_SIMPLE] (us)
 NCCL_RING_NET_LAT_US = 14.0
 #: NCCL's Simple-protocol step: buffSize 4 MiB / NCCL_STEPS 8 = 512 KiB per channel; a
 #: broadcast/reduce chain forwards the message in pieces of this size
 NCCL_SIMPLE_STEP_BYTES = 512 * 1024.0
+#: enqueue.cc ``NCCL_PARAM(P2pLLThreshold, "P2P_LL_THRESHOLD", 16384)`` (2.14+): a send/recv
+#: of at most this many bytes runs the LL protocol, a larger one Simple
+NCCL_P2P_LL_THRESHOLD_BYTES = 16384.0
 
 MIN_PIECE_BYTES = 4096.0  # smallest piece a chain splits a message into
 TOPOLOGY_CODES = {"none": 0.0, "dragonfly": 1.0, "fat-tree": 2.0}
@@ -79,20 +82,10 @@ CHAIN_COLLECTIVES = (BROADCAST, REDUCE)
 MODELLED = (ALLREDUCE, ALLGATHER, REDUCESCATTER, ALLTOALL, BROADCAST, REDUCE, SENDRECV)
 
 
-def log2i(x: ArrayLike) -> np.ndarray:
-    """NCCL's ``log2i``: floor(log2(x)) for x >= 1, 0 below."""
-    return np.floor(np.log2(np.maximum(np.asarray(x, dtype=float), 1.0)))
-
-
 def ring_steps(collective: str, n: ArrayLike) -> np.ndarray:
     """Dependent ring steps (tuning.cc ``nsteps``): 2(n-1) for all-reduce, n-1 otherwise."""
     n = np.asarray(n, dtype=float)
     return 2.0 * (n - 1.0) if collective == ALLREDUCE else n - 1.0
-
-
-def tree_latency_us(nodes: ArrayLike, gpus_per_node: float) -> np.ndarray:
-    """NCCL's tree latency shape 2((ppn-1) intraLat + log2i(nNodes) interLat), Simple, in us."""
-    return 2.0 * ((gpus_per_node - 1.0) * NCCL_TREE_NVLINK_LAT_US + log2i(nodes) * NCCL_TREE_NET_LAT_US)
 
 
 def contention(nodes: ArrayLike, p: Mapping[str, float]) -> np.ndarray:
@@ -162,6 +155,7 @@ def time_s(
     gpus_per_node: float,
     *,
     shift: float = 0.0,
+    fill: Sequence = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, algorithm) of ``collective`` of ``nbytes`` over ``n_gpus`` spanning nodes.
 
@@ -175,10 +169,14 @@ def time_s(
     ring = np.full(S.shape, "ring", dtype=object)
     if collective == ALLTOALL:
         peer = _v(params, "per_peer_s", shift)
+        if "per_peer_ll_s" in params:
+            # NCCL sends a peer's message with LL up to its P2P LL threshold, Simple above
+            ll = S / n <= _floats(params)["p2p_ll_threshold_bytes"]
+            peer = np.where(ll, _v(params, "per_peer_ll_s", shift), peer)
         bw = max(_v(params, "node_busbw_gbps", shift, -1.0), 1e-6) * 1e9
         node_bytes = gpn * S * np.maximum(n - gpn, 0.0) / n
         t = (n - 1.0) * peer + node_bytes / bw * contention(nodes, _floats(params))
-        return t, np.full(S.shape, "p2p", dtype=object)
+        return t, np.where(S / n <= _floats(params).get("p2p_ll_threshold_bytes", -1.0), "p2p LL", "p2p")
     segs = shifted_segments(segments, shift)
     if collective == SENDRECV:
         return step_time_s(segs, S), np.full(S.shape, "p2p", dtype=object)
@@ -191,23 +189,81 @@ def time_s(
         t = (n[..., None] + k - 2.0) * step_time_s(segs, piece)
         t = np.where((piece >= MIN_PIECE_BYTES) | (k == k[..., :1]), t, np.inf)
         return t.min(axis=-1), ring
-    t_ring = ring_steps(collective, n) * step_time_s(segs, S / n)
+    t_ring = ring_time_s(
+        segs, shifted_segments(fill, -shift), _floats(params), ring_steps(collective, n), S / n
+    )
     if collective != ALLREDUCE:
         return t_ring, ring
     t_ring = t_ring * _v(params, "ring_step_ratio", shift)
     if "tree_lat_scale" not in params:
         return t_ring, ring
-    if _floats(params).get("tree_from_ring", 0.0) > 0:
+    f = _floats(params)
+    graph = tuner_graph(f, segs)
+    if f.get("tree_from_ring", 0.0) > 0:
         # no tree regime in the samples: NCCL's tree scaled like the (shifted) ring step
         scale, b_tree = tree_from_ring(segs)
-        b_tree *= 1e9
     else:
         scale = max(_v(params, "tree_lat_scale", shift), 0.0)
-        b_tree = max(_v(params, "tree_busbw_gbps", shift, -1.0), 1e-6) * 1e9
-    cont = contention(nodes, _floats(params))
-    t_tree = scale * tree_latency_us(nodes, gpn) * 1e-6 + S * 2.0 * (n - 1.0) / n / b_tree * cont
-    use_tree = t_tree < t_ring
+        b_tree = max(_v(params, "tree_busbw_gbps", shift, -1.0), 1e-6)
+    tables = f.get("tuner", 0.0) > 0
+    t_tree = tree_time_s(S, n, gpn, scale, b_tree, contention(nodes, f), graph, tables=tables)
+    if tables:
+        # NCCL runs what its own cost model picks, not the faster of the two (nccltuner)
+        use_tree = nccltuner.allreduce_choice(S, n, gpn, graph)[0] == "tree"
+    else:
+        use_tree = t_tree < t_ring
     return np.where(use_tree, t_tree, t_ring), np.where(use_tree, "tree", "ring")
+
+
+def ring_time_s(segments: Sequence, fill: Sequence, f: Mapping[str, float], nsteps, chunk) -> np.ndarray:
+    """A ring collective of ``nsteps`` steps of ``chunk`` bytes.
+
+    tau(c) is read as the fitted scale's time over its ``fill_steps`` steps, so it spreads
+    the pipeline's once-only fill and drain L0(c) (:mod:`calibrate.ringfill`) over them:
+    the first ``fill_steps`` steps cost tau(c), every further one the marginal step
+    tau(c) - L0(c) / fill_steps (at least a tenth of tau).  Without L0 (no ring all-reduce
+    at the fitted scale, or a chunk below ``fill_min_chunk_bytes``) every step costs tau."""
+    tau = step_time_s(segments, chunk)
+    nsteps = np.asarray(nsteps, dtype=float)
+    n_fill = f.get("fill_steps", 0.0)
+    if not fill or n_fill <= 0:
+        return nsteps * tau
+    c = np.asarray(chunk, dtype=float)
+    l0 = np.where(c >= f.get("fill_min_chunk_bytes", np.inf), step_time_s(fill, c), 0.0)
+    tau_m = np.maximum(tau - l0 / n_fill, 0.1 * tau)
+    first = np.minimum(nsteps, n_fill)
+    return first * tau + (nsteps - first) * tau_m
+
+
+def tuner_graph(f: Mapping[str, float], segments: Sequence) -> nccltuner.TunerGraph:
+    """NCCL's graph bandwidth for its tuner: the node's NICs from the hardware spec
+    (``tuner_busbw_gbps``), else the fitted ring step plateau."""
+    bus = f.get("tuner_busbw_gbps", 0.0) or segments[-1].busbw_gbps.value
+    return nccltuner.TunerGraph(busbw_gbps=float(bus))
+
+
+def tree_time_s(
+    S, n, gpn: float, scale: float, b_tree_gbps: float, cont, graph, *, tables: bool
+) -> np.ndarray:
+    """NCCL's tree all-reduce: ``scale`` x the tuner's tree latency for the protocol it
+    picks, plus :func:`tree_nic_bytes` at ``b_tree_gbps`` (per NIC direction) x the protocol's share x
+    ``treeCorrectionFactor`` (:func:`nccltuner.tree_parts`), slowed by ``cont``."""
+    _, lat_us, bw_factor = nccltuner.tree_parts(S, n, gpn, graph, tables=tables)
+    nic_bytes = tree_nic_bytes(S, n / gpn)
+    return scale * lat_us * 1e-6 + nic_bytes / (b_tree_gbps * 1e9 * bw_factor) * cont
+
+
+def tree_nic_bytes(nbytes: ArrayLike, nodes: ArrayLike) -> np.ndarray:
+    """Bytes each node's NICs carry per direction in NCCL's double binary tree all-reduce.
+
+    Each of the two trees reduces and broadcasts half the message.  A node interior to one
+    tree (two children) and a leaf of the other receives S/2 from each child and S/2 from
+    its parent in the first, S/2 from its parent in the second: 2 S (and sends 2 S).  With
+    two nodes neither tree has an interior node: S each way.  So a tree bandwidth read
+    from 2-node logs runs half as many bytes through the NIC as any larger tree (the ring
+    carries 2 S (n-1)/n at every scale)."""
+    S, nodes = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(nodes, dtype=float))
+    return S * np.where(nodes > 2.0, 2.0, 1.0)
 
 
 def tree_from_ring(segments: Sequence) -> tuple[float, float]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from calib.calibrate import ncclmodel
+from calib.calibrate import ncclmodel, nccltuner, ringfill
 from calib.calibrate.calibration import (
     DEFAULT,
     FITTED,
@@ -57,7 +57,9 @@ from calib.core.errors import InputError
 MIN_FIT_BYTES = 256 * 1024.0
 #: an all-reduce size faster than this fraction of the ring's time ran NCCL's tree
 TREE_RATIO = 0.8
-TREE_LAT_TEXT = "2((ppn-1)*4 us + log2i(nodes)*14 us) (tuning.cc hwLat, Simple)"
+#: NCCL's tuner decides ring/tree when it reproduces this fraction of the logged choices
+#: at the fitted scale (sizes >= MIN_FIT_BYTES; a stated default: 9 in 10)
+TUNER_AGREEMENT = 0.9
 S_REF = float(2**30)
 Pair = tuple[CollectiveCurve, SizeSeries]
 
@@ -90,13 +92,16 @@ def fit_nccl(
                 "no all-gather/reduce-scatter samples: the ring step curve comes from the all-reduce logs "
                 "read as rings (2(n-1) steps); where NCCL ran a tree there, it is optimistic"
             )
+        marg, marg_params = ringfill.fit_marginal(inter, min_bytes=MIN_FIT_BYTES, tree_ratio=TREE_RATIO)
         for coll in (ALLGATHER, REDUCESCATTER):
-            base = {"gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines")}
+            base = {"gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines"), **marg_params}
             derived = coll not in inter
             src = inter.get(coll) or inter.get(ALLGATHER) or inter.get(REDUCESCATTER) or inter[ALLREDUCE]
-            out[coll] = _scaling(coll, base, steps, src, gpn, derived=derived, used=used)
+            out[coll] = _scaling(coll, base, steps, src, gpn, derived=derived, used=used, marginal=marg)
     if ALLREDUCE in inter and steps is not None:
-        out[ALLREDUCE] = _fit_allreduce(inter[ALLREDUCE], steps, gpn, where, topology or {}, topology_note)
+        out[ALLREDUCE] = _fit_allreduce(
+            inter[ALLREDUCE], steps, gpn, where, topology or {}, topology_note, marg, marg_params
+        )
     if ALLTOALL in inter:
         out[ALLTOALL] = _fit_alltoall(inter[ALLTOALL], gpn, where, topology or {}, topology_note)
     if steps is not None:
@@ -156,6 +161,7 @@ def _scaling(
     derived: bool,
     used: str,
     quality: FitQuality | None = None,
+    marginal: CollectiveCurve | None = None,
 ) -> NetworkScaling:
     params = {
         **params,
@@ -179,6 +185,7 @@ def _scaling(
         params=params,
         quality=quality if quality is not None else steps.quality,
         segments=steps.segments,
+        fill_segments=marginal.segments if marginal is not None else (),
     )
     meas = () if derived else _measured_eff(coll, src)
     from dataclasses import replace
@@ -252,37 +259,61 @@ def _fit_allreduce(
     where: str,
     topo: Mapping[str, float],
     topo_note: str,
+    marg: CollectiveCurve | None = None,
+    marg_params: Mapping[str, Param] | None = None,
 ) -> NetworkScaling:
-    """rho from the sizes the ring explains; (A, B_tree) from those it cannot (the tree's)."""
-    n, S, T = _points(pairs, MIN_FIT_BYTES)
-    ring0 = ncclmodel.ring_steps(ALLREDUCE, n) * ncclmodel.step_time_s(steps.segments, S / n)
+    """rho from the sizes the ring explains; (A, B_tree) from those it cannot (the tree's);
+    whether NCCL's tuner (:mod:`calibrate.nccltuner`) reproduces the logged choices."""
+    n, S, T = _points(pairs, 0.0)
+    marg_params = dict(marg_params or {})
+    marg_segs = marg.segments if marg is not None else ()
+    f_marg = {k: v.value for k, v in marg_params.items()}
+    ring0 = ncclmodel.ring_time_s(
+        steps.segments, marg_segs, f_marg, ncclmodel.ring_steps(ALLREDUCE, n), S / n
+    )
     ratio = T / ring0
     is_tree = ratio < TREE_RATIO
-    rr = ratio[~is_tree] if (~is_tree).sum() >= 2 else ratio
+    big = S >= MIN_FIT_BYTES
+    rr = ratio[big & ~is_tree] if (big & ~is_tree).sum() >= 2 else ratio[big]
     rho, se_rho = float(np.median(rr)), float(np.std(rr) / np.sqrt(max(len(rr) - 1, 1)))
-    lat_units = ncclmodel.tree_latency_us(n / gpn, gpn) * 1e-6
-    bus = S * 2.0 * (n - 1.0) / n * 1e-9 * ncclmodel.contention(n / gpn, topo)
+    nic = float(topo.get("node_nic_gbps", 0.0))
+    graph = ncclmodel.tuner_graph({"tuner_busbw_gbps": nic}, steps.segments)
+    tree_choice = nccltuner.allreduce_choice(S[big], n[big], gpn, graph)[0] == "tree"
+    agree = float(np.mean(tree_choice == is_tree[big]))
+    use_tuner = agree >= TUNER_AGREEMENT
+    tree_proto, lat_us, bwf = nccltuner.tree_parts(S, n, gpn, graph, tables=use_tuner)
+    bus = ncclmodel.tree_nic_bytes(S, n / gpn) * 1e-9 * ncclmodel.contention(n / gpn, topo) / bwf
     cap = ncclmodel.NCCL_TREE_BW_FACTOR * steps.segments[-1].busbw_gbps.value
     scales = sorted({int(v) for v in n})
-    tree_note = f"{int(is_tree.sum())} of {len(T)} sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB at {scales} GPUs ran " \
-        f"below {TREE_RATIO} x the ring's time (NCCL's tree)"  # fmt: skip
+    tree_note = f"{int(is_tree.sum())} of {len(T)} sizes at {scales} GPUs ran below {TREE_RATIO} x the " \
+        "ring's time (NCCL's tree)"  # fmt: skip
     extra: dict[str, Param] = {}
-    if is_tree.sum() >= 3:
-
-        def resid(x):
-            return np.log(x[0] * lat_units[is_tree] + bus[is_tree] / x[1]) - np.log(T[is_tree])
-
-        b0 = min(float(np.median(bus[is_tree] / T[is_tree])), 0.9 * cap)
+    lat_what = "tree latency over NCCL's (tuning.cc 2.20.3 tree row of the protocol the tuner picks)"
+    # with the tuner's tables every tree size has its protocol's latency and bandwidth; without
+    # them only Simple-protocol sizes (>= MIN_FIT_BYTES) fit the Simple tree
+    m = is_tree if use_tuner else is_tree & big
+    if m.sum() >= 3:
+        b0 = min(float(np.median(bus[m] / T[m])), 0.9 * cap)
         x, se, _ = _lsq(
-            resid, [5.0, b0], [0.0, 1e-3], [1e4, cap], where, "all-reduce tree", int(is_tree.sum())
-        )
-        at_cap = x[1] >= cap * (1 - 1e-6)
-        lat = _param(x[0], se[0], "", FITTED, f"tree latency over NCCL's {TREE_LAT_TEXT}; {tree_note}")
-        bw = _param(
-            x[1], np.nan if at_cap else se[1], "GB/s", FITTED,
-            f"tree bus bandwidth, at most {ncclmodel.NCCL_TREE_BW_FACTOR} x the ring step plateau (tuning.cc)"
-            + (" -- at that bound" if at_cap else "") + f"; {tree_note}",
+            lambda x: np.log(x[0] * lat_us[m] * 1e-6 + bus[m] / x[1]) - np.log(T[m]),
+            [1.0, b0], [0.0, 1e-3], [1e4, cap], where, "all-reduce tree", int(m.sum()),
         )  # fmt: skip
+        # the LL tree's bandwidth is the tuner's guess (busBw / 3.8): the tree's bandwidth is
+        # taken as measured only when a Simple-protocol tree size is among the points
+        n_simple = int((m & (tree_proto == "Simple")).sum())
+        unseen = n_simple < 1 or x[1] >= cap * (1 - 1e-6) or not np.isfinite(se[1]) or se[1] > 0.5 * x[1]
+        if unseen:
+            # the tree sizes are latency-bound: their bandwidth is not in the logs
+            x, se, _ = _lsq(
+                lambda x: np.log(x[0] * lat_us[m] * 1e-6 + bus[m] / cap) - np.log(T[m]),
+                [x[0]], [0.0], [1e4], where, "all-reduce tree latency", int(m.sum()),
+            )  # fmt: skip
+            bw = Param(cap, unit="GB/s", status=DEFAULT, note=f"{tree_note}, {n_simple} of them Simple-protocol: default "
+                       f"{ncclmodel.NCCL_TREE_BW_FACTOR} x the ring step plateau (tuning.cc tree busBw x .92)")  # fmt: skip
+        else:
+            bw = _param(x[1], se[1], "GB/s", FITTED, "tree bandwidth per NIC direction (2 S bytes beyond 2 nodes, "
+                        f"S at 2), before NCCL's treeCorrectionFactor; {n_simple} Simple-protocol sizes; {tree_note}")  # fmt: skip
+        lat = _param(x[0], se[0], "", FITTED, f"{lat_what}; {tree_note}")
     else:
         # no tree regime in the data: NCCL's own tree model, scaled like the measured ring
         # (its step latency over NCCL's ring Simple hwLat, NET 14 us), busbw 0.92 x ring
@@ -303,17 +334,40 @@ def _fit_allreduce(
             "",
             FITTED,
             "all-reduce ring step over the all-gather ring step "
-            f"(median over the {len(rr)} ring-regime sizes)",
+            f"(median over the {len(rr)} ring-regime sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB)",
         ),  # fmt: skip
         **_topology_params(topo, topo_note),
+        **marg_params,
         "tree_lat_scale": lat,
         "tree_busbw_gbps": bw,
+        "tuner_busbw_gbps": _fixed(
+            graph.busbw_gbps,
+            "NCCL graph bandwidth for its tuner: "
+            + (
+                "the node's NICs (hardware spec node_nic_gbps)"
+                if nic > 0
+                else "no NIC bandwidth in the system spec; default: the ring step plateau"
+            ),
+            unit="GB/s",
+        ),  # fmt: skip
+        "tuner": _fixed(
+            1.0 if use_tuner else 0.0,
+            f"NCCL 2.20.3's tuner (calibrate/nccltuner.py) picks ring/tree as the logs did on {100 * agree:.0f} % "
+            f"of the sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB at {scales} GPUs: "
+            + (
+                "it decides the algorithm"
+                if use_tuner
+                else f"below {100 * TUNER_AGREEMENT:.0f} %, so its tables are not this NCCL's; the faster modelled algorithm is taken"
+            ),
+        ),  # fmt: skip
         **extra,
     }
-    ns = _scaling(ALLREDUCE, params, steps, pairs, gpn, derived=False, used="")
-    t_pred, _ = ns.model_time_s(S, n)
-    r = np.log(t_pred) - np.log(T)
-    q = _quality(r, np.log(T), f"min(ring, tree) on sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB at {scales} GPUs")
+    ns = _scaling(ALLREDUCE, params, steps, pairs, gpn, derived=False, used="", marginal=marg)
+    t_pred, _ = ns.model_time_s(S[big], n[big])
+    r = np.log(t_pred) - np.log(T[big])
+    q = _quality(
+        r, np.log(T[big]), f"ring or tree as chosen, sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB at {scales} GPUs"
+    )
     from dataclasses import replace
 
     return replace(ns, quality=q)
@@ -326,18 +380,41 @@ def _fit_alltoall(
     node_bytes = gpn * S * np.maximum(n - gpn, 0.0) / n * 1e-9
     cont = ncclmodel.contention(n / gpn, topo)
 
+    ll = S / n <= ncclmodel.NCCL_P2P_LL_THRESHOLD_BYTES
+    split = ll.sum() >= 2 and (~ll).sum() >= 2  # both protocols seen: one per-peer cost each
+
     def resid(x):
-        return np.log((n - 1.0) * x[0] + node_bytes / x[1] * cont) - np.log(T)
+        peer = np.where(ll, x[2], x[0]) if split else x[0]
+        return np.log((n - 1.0) * peer + node_bytes / x[1] * cont) - np.log(T)
 
     bw0 = float(np.median(node_bytes / T))
-    x, se, r = _lsq(resid, [1e-5, bw0], [0.0, 1e-3], [1.0, 1e4], where, "all-to-all", len(T))
+    x0, lo, hi = (
+        ([1e-5, bw0, 1e-5], [0.0, 1e-3, 0.0], [1.0, 1e4, 1.0])
+        if split
+        else ([1e-5, bw0], [0.0, 1e-3], [1.0, 1e4])
+    )
+    x, se, r = _lsq(resid, x0, lo, hi, where, "all-to-all", len(T))
     scales = sorted({int(v) for v in n})
+    thr = f"{ncclmodel.NCCL_P2P_LL_THRESHOLD_BYTES / 1024:.0f} KiB (enqueue.cc P2P_LL_THRESHOLD)"
     params = {
         "gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines"),
-        "per_peer_s": _param(x[0], se[0], "s", FITTED, "cost per peer (n - 1 peers)"),
+        "per_peer_s": _param(
+            x[0],
+            se[0],
+            "s",
+            FITTED,
+            f"cost per peer (n - 1 peers), Simple: per-peer message > {thr}"
+            if split
+            else "cost per peer (n - 1 peers)",
+        ),  # fmt: skip
         "node_busbw_gbps": _param(x[1], se[1], "GB/s", FITTED, "bytes leaving a node per second (its NICs)"),
         **_topology_params(topo, topo_note),
     }
+    if split:
+        params["per_peer_ll_s"] = _param(
+            x[2], se[2], "s", FITTED, f"cost per peer, LL: per-peer message <= {thr}"
+        )
+        params["p2p_ll_threshold_bytes"] = _fixed(ncclmodel.NCCL_P2P_LL_THRESHOLD_BYTES, thr, unit="B")
     q = _quality(r, np.log(T), f"per-peer cost + node NIC bytes at {scales} GPUs, all sizes")
     return _scaling(ALLTOALL, params, _no_steps(), pairs, gpn, derived=False, used="", quality=q)
 

@@ -198,10 +198,22 @@ def _ints(values: list[Any]) -> np.ndarray:
     )
 
 
+def pg_groups(dist_info: dict[str, Any]) -> list[dict[str, Any]]:
+    """The process-group entries of a trace's distributedInfo: a list (torch >= 2.1) or a
+    mapping name -> group; entries that are not objects, or any other shape, carry nothing."""
+    groups = dist_info.get("pg_config") if isinstance(dist_info, dict) else None
+    groups = list(groups.values()) if isinstance(groups, dict) else groups if isinstance(groups, list) else []
+    return [g for g in groups if isinstance(g, dict)]
+
+
 def _pg_sizes(dist_info: dict[str, Any]) -> dict[str, int]:
     out: dict[str, int] = {}
-    for pg in dist_info.get("pg_config") or []:
-        if isinstance(pg, dict) and isinstance(pg.get("pg_size"), int):
+    for pg in pg_groups(dist_info):
+        if (
+            isinstance(pg, dict)
+            and isinstance(pg.get("pg_size"), int)
+            and not isinstance(pg["pg_size"], bool)
+        ):
             out[str(pg.get("pg_name"))] = pg["pg_size"]
     if not out and isinstance(dist_info.get("world_size"), int):
         out["0"] = dist_info["world_size"]

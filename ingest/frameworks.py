@@ -47,12 +47,10 @@ _OPTIMIZER = re.compile(r"^Optimizer\.step#|^optimizer$")
 
 
 def process_groups(dist_info: dict[str, Any]) -> tuple[ProcessGroup, ...]:
-    from calib.ingest.collective_calls import pg_role
+    from calib.ingest.collective_calls import pg_groups, pg_role
 
     out = []
-    for pg in dist_info.get("pg_config") or []:
-        if not isinstance(pg, dict):
-            continue
+    for pg in pg_groups(dist_info):
         ranks = pg.get("ranks") if isinstance(pg.get("ranks"), list) else []
         out.append(
             ProcessGroup(

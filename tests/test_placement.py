@@ -107,9 +107,9 @@ def test_full_grid_finds_what_the_pool_missed():
     system, _ = build_system(None, B200)
     model = ModelSpec("gpt3-175b", 12288, 96, 96, 2048, 51200)
     best = placement_search(model, system, 1024, 1536, Space(), 72, top=1).iloc[0]
-    assert (best.tp, best.pp, best.dp) == (4, 1, 256) and best.iter_placed_s == pytest.approx(
-        3.506, abs=0.002
-    )
+    assert (best.tp, best.pp, best.dp) == (4, 1, 256)
+    # DP inside the rack: its exposed DP traffic moves to NVLink, so placing it cuts the time
+    assert best.iter_placed_s < best.iter_s - 0.5 * best.dp_exposed_s
     pool = search(model, system, 1024, 1536, Space(), top=200).top
     key = ["tp", "pp", "dp", "micro_batch", "interleave", "zero", "recompute", "seq_parallel", "dp_overlap"]
     assert not (pool[key] == best[key]).all(axis=1).any()

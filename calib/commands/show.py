@@ -50,16 +50,24 @@ def predictions(cal: Calibration, nodes: tuple[int, ...], sizes: tuple[int, ...]
                     "nodes": int(nn),
                     "gpus": int(n),
                     "bytes": int(b),
-                    "time_s": float(tt),
-                    "busbw_gbps": float(b * f / tt / 1e9) if tt > 0 else None,
-                    "busbw_lo_gbps": float(b * f / max(lo, hi) / 1e9) if tt > 0 else None,
-                    "busbw_hi_gbps": float(b * f / min(lo, hi) / 1e9) if tt > 0 else None,
+                    "time_s": float(tt) if np.isfinite(tt) else None,
+                    "busbw_gbps": _busbw(b * f, tt),
+                    "busbw_lo_gbps": _busbw(b * f, max(lo, hi)) if tt > 0 else None,
+                    "busbw_hi_gbps": _busbw(b * f, min(lo, hi)) if tt > 0 else None,
                     "algorithm": str(a),
                 }
                 if net is not None and net.params.get("derived") is not None and net.params["derived"].value:
                     rec["note"] = net.params["derived"].note
                 out.append(rec)
     return out
+
+
+def _busbw(bus_bytes: float, t_s: float) -> float | None:
+    """Bus bandwidth in GB/s; None where the time gives none (<= 0, or a value that is not
+    a finite number: a hand-edited calibration can make a time vanish)."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        bw = bus_bytes / t_s / 1e9 if t_s > 0 else np.nan
+    return float(bw) if np.isfinite(bw) else None
 
 
 def render_predictions(preds: list[dict]) -> str:
@@ -70,10 +78,12 @@ def render_predictions(preds: list[dict]) -> str:
         L.append(f"  {coll}" + (f"  ({note})" if note else ""))
         for p in rows:
             bw = p["busbw_gbps"]
-            text = "-" if bw is None else f"{bw:7.2f} [{p['busbw_lo_gbps']:.2f} .. {p['busbw_hi_gbps']:.2f}]"
+            lo, hi = (("-" if v is None else f"{v:.2f}") for v in (p["busbw_lo_gbps"], p["busbw_hi_gbps"]))
+            text = "-" if bw is None else f"{bw:7.2f} [{lo} .. {hi}]"
+            ms = "-" if p["time_s"] is None else f"{p['time_s'] * 1e3:10.3f}"
             L.append(
                 f"    {p['nodes']:>5} nodes ({p['gpus']:>5} GPUs) {_size(p['bytes']):>6}: {text:<28} "
-                f"{p['time_s'] * 1e3:10.3f} ms  {p['algorithm']}"
+                f"{ms:>10} ms  {p['algorithm']}"
             )
     return "\n".join(L)
 

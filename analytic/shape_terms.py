@@ -1,0 +1,28 @@
+"""Model-shape terms shared by the time, memory, energy, offload and placement models: the
+parameters one GPU holds and the (ffn, kv/a, MLP matrices, tied) of a spec or of table rows."""
+
+from __future__ import annotations
+
+import numpy as np
+from calib.analytic import formulas as F
+from calib.analytic import uneven as U
+
+
+def stage_params(d, L, s, V, t, p, ffn=None, kv_frac=1.0, mlp_mats=2.0, tied=True) -> np.ndarray:
+    """Parameters one GPU holds: its stage's layers plus the embedding (and an untied LM
+    head on a single stage), over TP."""
+    emb = V * d * np.where(np.asarray(tied, dtype=bool) | (np.asarray(p) > 1), 1.0, 2.0)
+    n_max = U.stage_layers(L, p)[0]  # the largest stage when p does not divide L (analytic.uneven)
+    return (n_max * (F.layer_matrix_params(d, ffn, kv_frac, mlp_mats) + 13.0 * d) + emb + s * d) / t
+
+
+def shape_terms(model) -> tuple[np.ndarray, np.ndarray, float, bool]:
+    """(ffn, kv / a, MLP matrices, tied) of a model spec or per-row columns."""
+    ex = model.shape_extras
+    kv_frac = np.asarray(ex["kv"], dtype=float) / np.asarray(model.n_heads, dtype=float)
+    return (
+        np.asarray(ex["ffn"], dtype=float),
+        kv_frac,
+        3.0 if ex["mlp"] == "swiglu" else 2.0,
+        bool(ex["tied"]),
+    )
