@@ -11,10 +11,11 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from calib.ingest.reader import Args, RawTrace
+from calib.ingest.reader import Args, RawTrace, read_trace
 
 KERNEL, MEMCPY, MEMSET, RUNTIME, OP, ANNOTATION, GPU_ANNOTATION, OTHER = range(8)
 DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)
@@ -37,8 +38,6 @@ _CAT_KIND = {
 
 #: at most 18 digits: a step number must fit int64 (a longer one is not a step, it is noise)
 _STEP_RE = re.compile(r"^ProfilerStep#(\d{1,18})$")
-_get_cat, _get_name, _get_args = attrgetter("cat"), attrgetter("name"), attrgetter("args")
-_get_pid_tid = attrgetter("pid", "tid")
 
 
 @dataclass
@@ -108,24 +107,23 @@ def _encode(values: Iterable[Any], n: int) -> tuple[np.ndarray, list[Any]]:
 def normalise(raw: RawTrace) -> Events:
     """Integer-coded columns of ``raw``'s complete events.
 
-    Takes the decoded structs from ``raw.complete`` when the reader handed them over
-    (and releases them), else the list columns; the codes are the same either way.
+    Uses the codes the reader assigned when it was given coders (:func:`read_events`),
+    else codes the list columns; the result is the same either way.
     """
     n = len(raw.ts_us)
     t0 = float(raw.ts_us.min()) if n else 0.0
     start = np.rint((raw.ts_us - t0) * 1000.0).astype(np.int64)
     end = start + np.rint(raw.dur_us * 1000.0).astype(np.int64)
-    x, raw.complete = raw.complete, None
-    if x is None:
-        cat, name, pid_tid, args = raw.cat, raw.name, zip(raw.pid, raw.tid), raw.args
+    if raw.codes is None:
+        kind = np.fromiter(map(_KindOf().__getitem__, raw.cat), dtype=np.int8, count=n)
+        name_codes, name_list = _encode(raw.name, n)
+        pair_codes, pairs = _encode(zip(raw.pid, raw.tid), n)
     else:
-        cat, name, pid_tid = map(_get_cat, x), map(_get_name, x), map(_get_pid_tid, x)
-        args = list(map(_get_args, x))
-    del x
-    kind = np.fromiter(map(_KindOf().__getitem__, cat), dtype=np.int8, count=n)
-    name_codes, name_list = _encode(name, n)
+        kind, name_codes, pair_codes, _, name_coder, pair_coder = raw.codes
+        name_list, pairs = list(name_coder), list(pair_coder)
+        raw.codes = None
     names = np.array([v if isinstance(v, str) else str(v) for v in name_list], dtype=object)
-    thread_codes, threads = _threads(pid_tid, n)
+    thread_codes, threads = _threads(pair_codes, pairs)
     thread_names = {i: raw.thread_names.get(t, "") for i, t in enumerate(threads)}
     return Events(
         start=start,
@@ -135,20 +133,27 @@ def normalise(raw: RawTrace) -> Events:
         names=names,
         thread=thread_codes,
         threads=threads,
-        args=args,
+        args=raw.args,
         t0_us=t0,
         thread_names=thread_names,
     )
 
 
-def _threads(pid_tid: Iterable[tuple[Any, Any]], n: int) -> tuple[np.ndarray, list[tuple[Any, Any]]]:
-    """Thread codes: (pid, tid) pairs ordered by (code of the pid, code of the tid), each
-    coded in order of first sight (one pass over the events, then work per distinct pair).
+def read_events(path: str | Path, max_inflated_bytes: int | None = None) -> tuple[RawTrace, Events]:
+    """``normalise(read_trace(path))``, coding the columns while the events are read."""
+    raw = read_trace(path, max_inflated_bytes, coders=(_KindOf(), _Codes(), _Codes()))
+    return raw, normalise(raw)
+
+
+def _threads(
+    pair_codes: np.ndarray, pairs: list[tuple[Any, Any]]
+) -> tuple[np.ndarray, list[tuple[Any, Any]]]:
+    """Thread codes: the (pid, tid) pairs (coded in order of first sight) reordered by
+    (code of the pid, code of the tid), each coded in order of first sight.
 
     A pid (tid) is first seen with the first pair that holds it, so coding the distinct
     pairs in their own first-seen order gives the pid and tid codes of the events.
     """
-    pair_codes, pairs = _encode(pid_tid, n)
     pid_code, tid_code = _Codes(), _Codes()
     keys = [(pid_code[p], tid_code[t]) for p, t in pairs]
     pids, tids = list(pid_code), list(tid_code)

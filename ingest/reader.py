@@ -168,10 +168,10 @@ class RawTrace:
     raw_bytes: int = 0
     sha256: str = ""
     file_bytes: int = 0
-    #: from :func:`read_trace`: the decoded complete events themselves, with the list
-    #: columns above left empty; ``ingest.events.normalise`` codes them straight from
-    #: the structs (one pass per column fewer) and then drops them
-    complete: list[Any] | None = None
+    #: with ``read_trace(..., coders=...)``: the category, name and (pid, tid) columns
+    #: already coded by the caller's coders (kind codes, name codes, pair codes, and the
+    #: three coders), the list columns above left empty (``ingest.events.read_events``)
+    codes: tuple[Any, ...] | None = None
 
 
 class InflateLimit(Exception):
@@ -236,8 +236,14 @@ def _inflate(blob: bytes, limit: int) -> bytes | None:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def read_trace(path: str | Path, max_inflated_bytes: int | None = None) -> RawTrace:
-    """Decode one Kineto trace file (``.json`` or ``.json.gz``) into a :class:`RawTrace`."""
+def read_trace(
+    path: str | Path, max_inflated_bytes: int | None = None, coders: tuple[Any, Any, Any] | None = None
+) -> RawTrace:
+    """Decode one Kineto trace file (``.json`` or ``.json.gz``) into a :class:`RawTrace`.
+
+    ``coders`` (category, name and (pid, tid) coders: mappings value -> int code that
+    assign codes on first lookup) code those columns as they are read, see ``codes``.
+    """
     path = Path(path)
     data, file_bytes, digest = read_bytes(path, max_inflated_bytes)
     first = _first_char(data)
@@ -267,7 +273,7 @@ def read_trace(path: str | Path, max_inflated_bytes: int | None = None) -> RawTr
             raise InputError(path, "JSON is not a trace: no 'traceEvents' list")
         if not events:
             raise InputError(path, "trace has an empty 'traceEvents' list")
-        raw = _columns(path, doc, events, lists=False)
+        raw = _columns(path, doc, events, coders)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -293,9 +299,10 @@ def _json_problem(exc: msgspec.DecodeError, size: int) -> str:
     return text
 
 
-def _columns(path: Path, doc: TraceFile | _FastTraceFile, events: list[Any], lists: bool = True) -> RawTrace:
-    """Validated columns of the complete events; with ``lists=False`` the list columns
-    stay empty and the structs are handed over in ``RawTrace.complete`` instead."""
+def _columns(
+    path: Path, doc: TraceFile | _FastTraceFile, events: list[Any], coders: tuple[Any, Any, Any] | None = None
+) -> RawTrace:
+    """Validated columns of the complete events (list columns, or coded: ``coders``)."""
     fast = isinstance(doc, _FastTraceFile)
     if fast:
         x = [e for e in events if type(e) is _X]
@@ -316,8 +323,12 @@ def _columns(path: Path, doc: TraceFile | _FastTraceFile, events: list[Any], lis
             elif e.name == "process_labels" and isinstance(e.args.labels, str):
                 process_labels[e.pid] = e.args.labels
     n = len(x)
-    ts = np.fromiter(map(_get_ts, x), dtype=np.float64, count=n)
-    dur = np.fromiter(map(_get_dur, x), dtype=np.float64, count=n)
+    if coders is None:
+        ts = np.fromiter(map(_get_ts, x), dtype=np.float64, count=n)
+        dur = np.fromiter(map(_get_dur, x), dtype=np.float64, count=n)
+        codes = None
+    else:
+        ts, dur, codes = _coded(x, coders)
     bad = ~np.isfinite(ts) | ~np.isfinite(dur) | (dur < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -341,17 +352,44 @@ def _columns(path: Path, doc: TraceFile | _FastTraceFile, events: list[Any], lis
         n_events=len(events),
         ts_us=ts,
         dur_us=dur,
-        cat=list(map(_get_cat, x)) if lists else [],
-        name=list(map(_get_name, x)) if lists else [],
-        pid=list(map(_get_pid, x)) if lists else [],
-        tid=list(map(_get_tid, x)) if lists else [],
-        args=list(map(_get_args, x)) if lists else [],
+        cat=list(map(_get_cat, x)) if codes is None else [],
+        name=list(map(_get_name, x)) if codes is None else [],
+        pid=list(map(_get_pid, x)) if codes is None else [],
+        tid=list(map(_get_tid, x)) if codes is None else [],
+        args=list(map(_get_args, x)) if codes is None else codes[3],
         thread_names=thread_names,
         process_labels=process_labels,
         distributed_info=dist,
         device_properties=[p for p in props if isinstance(p, dict)],
-        complete=None if lists else x,
+        codes=None if codes is None else (*codes[:3], *coders),
     )
+
+
+#: events per block of :func:`_coded`: a block's structs stay in the CPU cache across
+#: its passes (one pass per column over all events would fetch every struct from RAM
+#: once per column)
+_BLOCK = 4096
+_get_pid_tid = attrgetter("pid", "tid")
+
+
+def _coded(x: list[Any], coders: tuple[Any, Any, Any]) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """ts, dur, and (kind codes, name codes, pair codes, args) of complete events, block
+    by block; codes are assigned in order of first sight, as one pass would."""
+    n = len(x)
+    kinds, names, pairs = (c.__getitem__ for c in coders)
+    ts, dur = np.empty(n), np.empty(n)
+    kind, name, pair = np.empty(n, np.int8), np.empty(n, np.int32), np.empty(n, np.int32)
+    args: list[Args] = []
+    for lo in range(0, n, _BLOCK):
+        b = x[lo : lo + _BLOCK]
+        hi, m = lo + len(b), len(b)
+        ts[lo:hi] = np.fromiter(map(_get_ts, b), dtype=np.float64, count=m)
+        dur[lo:hi] = np.fromiter(map(_get_dur, b), dtype=np.float64, count=m)
+        kind[lo:hi] = np.fromiter(map(kinds, map(_get_cat, b)), dtype=np.int8, count=m)
+        name[lo:hi] = np.fromiter(map(names, map(_get_name, b)), dtype=np.int32, count=m)
+        pair[lo:hi] = np.fromiter(map(pairs, map(_get_pid_tid, b)), dtype=np.int32, count=m)
+        args.extend(map(_get_args, b))
+    return ts, dur, (kind, name, pair, args)
 
 
 def _short(value: Any, limit: int = 60) -> str:
