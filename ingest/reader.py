@@ -16,7 +16,7 @@ import gc
 import gzip
 import hashlib
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import compress
@@ -304,34 +304,41 @@ def _columns(
 ) -> RawTrace:
     """Validated columns of the complete events (list columns, or coded: ``coders``)."""
     fast = isinstance(doc, _FastTraceFile)
-    if fast:
-        x = [e for e in events if type(e) is _X]
-        meta = [e for e in events if type(e) is _M]
+    x: list[Any] | None = None
+    codes = None
+    if fast and coders is not None:
+        # one sweep over blocks of events: split and column passes share the cache
+        meta: list[Any] = []
+        ts, dur, codes = _coded(_fast_blocks(events, meta), coders)
     else:
-        phs = list(map(_get_ph, events))
-        x = list(compress(events, map(_IS_X, phs)))
-        meta = list(compress(events, map(_IS_M, phs)))
+        if fast:
+            x = [e for e in events if type(e) is _X]
+            meta = [e for e in events if type(e) is _M]
+        else:
+            phs = list(map(_get_ph, events))
+            x = list(compress(events, map(_IS_X, phs)))
+            meta = list(compress(events, map(_IS_M, phs)))
+        if coders is None:
+            ts = np.fromiter(map(_get_ts, x), dtype=np.float64, count=len(x))
+            dur = np.fromiter(map(_get_dur, x), dtype=np.float64, count=len(x))
+        else:
+            ts, dur, codes = _coded((x[lo : lo + _BLOCK] for lo in range(0, len(x), _BLOCK)), coders)
     thread_names: dict[tuple[Any, Any], str] = {}
     process_labels: dict[Any, str] = {}
     for e in meta:
-        if True:
-            if e.name == "thread_name" and isinstance(e.args.name, str):
-                # a thread may be named twice (e.g. "python", then "pt_gloo_runloop"): keep both
-                key = (e.pid, e.tid)
-                prev = thread_names.get(key)
-                thread_names[key] = e.args.name if prev is None else f"{prev}|{e.args.name}"
-            elif e.name == "process_labels" and isinstance(e.args.labels, str):
-                process_labels[e.pid] = e.args.labels
-    n = len(x)
-    if coders is None:
-        ts = np.fromiter(map(_get_ts, x), dtype=np.float64, count=n)
-        dur = np.fromiter(map(_get_dur, x), dtype=np.float64, count=n)
-        codes = None
-    else:
-        ts, dur, codes = _coded(x, coders)
+        if e.name == "thread_name" and isinstance(e.args.name, str):
+            # a thread may be named twice (e.g. "python", then "pt_gloo_runloop"): keep both
+            key = (e.pid, e.tid)
+            prev = thread_names.get(key)
+            thread_names[key] = e.args.name if prev is None else f"{prev}|{e.args.name}"
+        elif e.name == "process_labels" and isinstance(e.args.labels, str):
+            process_labels[e.pid] = e.args.labels
+    n = len(ts)
     bad = ~np.isfinite(ts) | ~np.isfinite(dur) | (dur < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
+        if x is None:
+            x = [e for e in events if type(e) is _X]
         raise InputError(
             path,
             f"{int(bad.sum())} complete events have a missing, negative or non-finite ts/dur "
@@ -372,23 +379,33 @@ _BLOCK = 4096
 _get_pid_tid = attrgetter("pid", "tid")
 
 
-def _coded(x: list[Any], coders: tuple[Any, Any, Any]) -> tuple[np.ndarray, np.ndarray, tuple]:
+def _fast_blocks(events: list[Any], meta: list[Any]) -> Iterator[list[Any]]:
+    """The complete events of each block of ``events`` (tagged-union structs); the
+    metadata events are appended to ``meta`` on the way."""
+    for lo in range(0, len(events), _BLOCK):
+        block = events[lo : lo + _BLOCK]
+        meta.extend([e for e in block if type(e) is _M])
+        yield [e for e in block if type(e) is _X]
+
+
+def _coded(blocks: Iterable[list[Any]], coders: tuple[Any, Any, Any]) -> tuple[np.ndarray, np.ndarray, tuple]:
     """ts, dur, and (kind codes, name codes, pair codes, args) of complete events, block
     by block; codes are assigned in order of first sight, as one pass would."""
-    n = len(x)
     kinds, names, pairs = (c.__getitem__ for c in coders)
-    ts, dur = np.empty(n), np.empty(n)
-    kind, name, pair = np.empty(n, np.int8), np.empty(n, np.int32), np.empty(n, np.int32)
+    cols: tuple[list[np.ndarray], ...] = ([], [], [], [], [])
     args: list[Args] = []
-    for lo in range(0, n, _BLOCK):
-        b = x[lo : lo + _BLOCK]
-        hi, m = lo + len(b), len(b)
-        ts[lo:hi] = np.fromiter(map(_get_ts, b), dtype=np.float64, count=m)
-        dur[lo:hi] = np.fromiter(map(_get_dur, b), dtype=np.float64, count=m)
-        kind[lo:hi] = np.fromiter(map(kinds, map(_get_cat, b)), dtype=np.int8, count=m)
-        name[lo:hi] = np.fromiter(map(names, map(_get_name, b)), dtype=np.int32, count=m)
-        pair[lo:hi] = np.fromiter(map(pairs, map(_get_pid_tid, b)), dtype=np.int32, count=m)
+    for b in blocks:
+        m = len(b)
+        cols[0].append(np.fromiter(map(_get_ts, b), dtype=np.float64, count=m))
+        cols[1].append(np.fromiter(map(_get_dur, b), dtype=np.float64, count=m))
+        cols[2].append(np.fromiter(map(kinds, map(_get_cat, b)), dtype=np.int8, count=m))
+        cols[3].append(np.fromiter(map(names, map(_get_name, b)), dtype=np.int32, count=m))
+        cols[4].append(np.fromiter(map(pairs, map(_get_pid_tid, b)), dtype=np.int32, count=m))
         args.extend(map(_get_args, b))
+    dtypes = (np.float64, np.float64, np.int8, np.int32, np.int32)
+    ts, dur, kind, name, pair = (
+        np.concatenate(c) if c else np.zeros(0, dtype=t) for c, t in zip(cols, dtypes, strict=True)
+    )
     return ts, dur, (kind, name, pair, args)
 
 
