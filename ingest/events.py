@@ -117,13 +117,14 @@ def normalise(raw: RawTrace) -> Events:
     if raw.codes is None:
         kind = np.fromiter(map(_KindOf().__getitem__, raw.cat), dtype=np.int8, count=n)
         name_codes, name_list = _encode(raw.name, n)
-        pair_codes, pairs = _encode(zip(raw.pid, raw.tid), n)
+        pid_codes, pids = _encode(raw.pid, n)
+        tid_codes, tids = _encode(raw.tid, n)
     else:
-        kind, name_codes, pair_codes, _, name_coder, pair_coder = raw.codes
-        name_list, pairs = list(name_coder), list(pair_coder)
+        kind, name_codes, pid_codes, tid_codes, _, name_coder, pid_coder, tid_coder = raw.codes
+        name_list, pids, tids = list(name_coder), list(pid_coder), list(tid_coder)
         raw.codes = None
     names = np.array([v if isinstance(v, str) else str(v) for v in name_list], dtype=object)
-    thread_codes, threads = _threads(pair_codes, pairs)
+    thread_codes, threads = _threads(pid_codes, pids, tid_codes, tids)
     thread_names = {i: raw.thread_names.get(t, "") for i, t in enumerate(threads)}
     return Events(
         start=start,
@@ -141,27 +142,26 @@ def normalise(raw: RawTrace) -> Events:
 
 def read_events(path: str | Path, max_inflated_bytes: int | None = None) -> tuple[RawTrace, Events]:
     """``normalise(read_trace(path))``, coding the columns while the events are read."""
-    raw = read_trace(path, max_inflated_bytes, coders=(_KindOf(), _Codes(), _Codes()))
+    raw = read_trace(path, max_inflated_bytes, coders=(_KindOf(), _Codes(), _Codes(), _Codes()))
     return raw, normalise(raw)
 
 
 def _threads(
-    pair_codes: np.ndarray, pairs: list[tuple[Any, Any]]
+    pid_codes: np.ndarray, pids: list[Any], tid_codes: np.ndarray, tids: list[Any]
 ) -> tuple[np.ndarray, list[tuple[Any, Any]]]:
-    """Thread codes: the (pid, tid) pairs (coded in order of first sight) reordered by
-    (code of the pid, code of the tid), each coded in order of first sight.
-
-    A pid (tid) is first seen with the first pair that holds it, so coding the distinct
-    pairs in their own first-seen order gives the pid and tid codes of the events.
-    """
-    pid_code, tid_code = _Codes(), _Codes()
-    keys = [(pid_code[p], tid_code[t]) for p, t in pairs]
-    pids, tids = list(pid_code), list(tid_code)
-    order = sorted(range(len(pairs)), key=keys.__getitem__)
-    remap = np.empty(len(pairs), dtype=np.int32)
-    remap[order] = np.arange(len(pairs), dtype=np.int32)
-    threads = [(pids[keys[i][0]], tids[keys[i][1]]) for i in order]
-    return remap[pair_codes], threads
+    """Thread codes: the (pid code, tid code) pairs present, in sorted order."""
+    nt = max(len(tids), 1)
+    key = pid_codes.astype(np.int64) * nt + tid_codes
+    if len(pids) * nt <= 1 << 20:  # few threads (always, in practice): O(n), no sort
+        present = np.bincount(key, minlength=len(pids) * nt) > 0
+        pair = np.flatnonzero(present)
+        remap = np.cumsum(present, dtype=np.int64) - 1
+        thread_codes = remap[key].astype(np.int32)
+    else:
+        pair, thread_codes = np.unique(key, return_inverse=True)
+        thread_codes = thread_codes.reshape(-1).astype(np.int32)
+    threads = [(pids[p // nt], tids[p % nt]) for p in pair.tolist()]
+    return thread_codes, threads
 
 
 def profiler_steps(ev: Events) -> tuple[np.ndarray, np.ndarray]:

@@ -168,9 +168,9 @@ class RawTrace:
     raw_bytes: int = 0
     sha256: str = ""
     file_bytes: int = 0
-    #: with ``read_trace(..., coders=...)``: the category, name and (pid, tid) columns
-    #: already coded by the caller's coders (kind codes, name codes, pair codes, and the
-    #: three coders), the list columns above left empty (``ingest.events.read_events``)
+    #: with ``read_trace(..., coders=...)``: the category, name, pid and tid columns
+    #: already coded by the caller's coders (four code arrays, then the four coders),
+    #: the list columns above left empty (``ingest.events.read_events``)
     codes: tuple[Any, ...] | None = None
 
 
@@ -237,11 +237,11 @@ def _inflate(blob: bytes, limit: int) -> bytes | None:
 
 
 def read_trace(
-    path: str | Path, max_inflated_bytes: int | None = None, coders: tuple[Any, Any, Any] | None = None
+    path: str | Path, max_inflated_bytes: int | None = None, coders: tuple[Any, ...] | None = None
 ) -> RawTrace:
     """Decode one Kineto trace file (``.json`` or ``.json.gz``) into a :class:`RawTrace`.
 
-    ``coders`` (category, name and (pid, tid) coders: mappings value -> int code that
+    ``coders`` (category, name, pid and tid coders: mappings value -> int code that
     assign codes on first lookup) code those columns as they are read, see ``codes``.
     """
     path = Path(path)
@@ -300,7 +300,7 @@ def _json_problem(exc: msgspec.DecodeError, size: int) -> str:
 
 
 def _columns(
-    path: Path, doc: TraceFile | _FastTraceFile, events: list[Any], coders: tuple[Any, Any, Any] | None = None
+    path: Path, doc: TraceFile | _FastTraceFile, events: list[Any], coders: tuple[Any, ...] | None = None
 ) -> RawTrace:
     """Validated columns of the complete events (list columns, or coded: ``coders``)."""
     fast = isinstance(doc, _FastTraceFile)
@@ -363,12 +363,12 @@ def _columns(
         name=list(map(_get_name, x)) if codes is None else [],
         pid=list(map(_get_pid, x)) if codes is None else [],
         tid=list(map(_get_tid, x)) if codes is None else [],
-        args=list(map(_get_args, x)) if codes is None else codes[3],
+        args=list(map(_get_args, x)) if codes is None else codes[4],
         thread_names=thread_names,
         process_labels=process_labels,
         distributed_info=dist,
         device_properties=[p for p in props if isinstance(p, dict)],
-        codes=None if codes is None else (*codes[:3], *coders),
+        codes=None if codes is None else (*codes[:4], *coders),
     )
 
 
@@ -376,7 +376,6 @@ def _columns(
 #: its passes (one pass per column over all events would fetch every struct from RAM
 #: once per column)
 _BLOCK = 4096
-_get_pid_tid = attrgetter("pid", "tid")
 
 
 def _fast_blocks(events: list[Any], meta: list[Any]) -> Iterator[list[Any]]:
@@ -388,11 +387,11 @@ def _fast_blocks(events: list[Any], meta: list[Any]) -> Iterator[list[Any]]:
         yield [e for e in block if type(e) is _X]
 
 
-def _coded(blocks: Iterable[list[Any]], coders: tuple[Any, Any, Any]) -> tuple[np.ndarray, np.ndarray, tuple]:
-    """ts, dur, and (kind codes, name codes, pair codes, args) of complete events, block
-    by block; codes are assigned in order of first sight, as one pass would."""
-    kinds, names, pairs = (c.__getitem__ for c in coders)
-    cols: tuple[list[np.ndarray], ...] = ([], [], [], [], [])
+def _coded(blocks: Iterable[list[Any]], coders: tuple[Any, ...]) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """ts, dur, and (kind, name, pid and tid codes, args) of complete events, block by
+    block; codes are assigned in order of first sight, as one pass would."""
+    kinds, names, pids, tids = (c.__getitem__ for c in coders)
+    cols: tuple[list[np.ndarray], ...] = ([], [], [], [], [], [])
     args: list[Args] = []
     for b in blocks:
         m = len(b)
@@ -400,13 +399,14 @@ def _coded(blocks: Iterable[list[Any]], coders: tuple[Any, Any, Any]) -> tuple[n
         cols[1].append(np.fromiter(map(_get_dur, b), dtype=np.float64, count=m))
         cols[2].append(np.fromiter(map(kinds, map(_get_cat, b)), dtype=np.int8, count=m))
         cols[3].append(np.fromiter(map(names, map(_get_name, b)), dtype=np.int32, count=m))
-        cols[4].append(np.fromiter(map(pairs, map(_get_pid_tid, b)), dtype=np.int32, count=m))
+        cols[4].append(np.fromiter(map(pids, map(_get_pid, b)), dtype=np.int32, count=m))
+        cols[5].append(np.fromiter(map(tids, map(_get_tid, b)), dtype=np.int32, count=m))
         args.extend(map(_get_args, b))
-    dtypes = (np.float64, np.float64, np.int8, np.int32, np.int32)
-    ts, dur, kind, name, pair = (
+    dtypes = (np.float64, np.float64, np.int8, np.int32, np.int32, np.int32)
+    ts, dur, kind, name, pid, tid = (
         np.concatenate(c) if c else np.zeros(0, dtype=t) for c, t in zip(cols, dtypes, strict=True)
     )
-    return ts, dur, (kind, name, pair, args)
+    return ts, dur, (kind, name, pid, tid, args)
 
 
 def _short(value: Any, limit: int = 60) -> str:
