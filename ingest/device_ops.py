@@ -66,6 +66,18 @@ def _shape_sizes(ev: Events, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return sizes[:, 0], sizes[:, 1], sizes[:, 2]
 
 
+def _unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(a, return_inverse=True)`` for integers by numpy's stable sort, which is
+    several times faster on values that come mostly in order (launching ops, names)."""
+    order = np.argsort(a, kind="stable")
+    s = a[order]
+    first = np.ones(len(s), dtype=bool)
+    first[1:] = s[1:] != s[:-1]
+    inv = np.empty(len(a), dtype=np.intp)
+    inv[order] = np.cumsum(first) - 1
+    return s[first], inv
+
+
 def _iteration_of(tl: Timeline, t: np.ndarray) -> np.ndarray:
     wid = np.searchsorted(tl.win_start, t, side="right") - 1
     inside = (wid >= 0) & (t < tl.win_end[np.maximum(wid, 0)])
@@ -84,17 +96,20 @@ def compute(ev: Events, tl: Timeline, rank: int) -> dict[str, pd.DataFrame]:
         else np.full(len(lo), -1)
     )
     # decode the shapes once per launching op, not per kernel
-    uniq, inv = np.unique(op_ev, return_inverse=True)
+    uniq, inv = _unique_inverse(op_ev)
     valid = uniq >= 0
     u_bytes = np.zeros(len(uniq), dtype=np.int64)
     u_numel = np.zeros(len(uniq), dtype=np.int64)
     u_lead = np.zeros(len(uniq), dtype=np.int64)
     if valid.any():
         u_bytes[valid], u_numel[valid], u_lead[valid] = _shape_sizes(ev, uniq[valid])
-    u_name = np.where(valid, ev.names[ev.name[np.maximum(uniq, 0)]], "")
     # group on integer codes that sort as the strings do (grouping strings is slower);
     # same groups, same order, same rows summed in the same order
-    op_names, op_code = np.unique(u_name, return_inverse=True)
+    # np.unique of the op name strings, sorting only the distinct names (a few hundred)
+    name_uniq, name_inv = _unique_inverse(np.where(valid, ev.name[np.maximum(uniq, 0)], -1))
+    name_str = np.where(name_uniq >= 0, ev.names[np.maximum(name_uniq, 0)], "").astype(object)
+    op_names, str_inv = np.unique(name_str, return_inverse=True)
+    op_code = str_inv.reshape(-1)[name_inv]
     cls_names = np.array(sorted(KERNEL_CLASSES), dtype=object)
     cls_code = np.array([sorted(KERNEL_CLASSES).index(c) for c in KERNEL_CLASSES])
     keys = ["rank", "iteration", "kernel_class", "op", "numel", "lead", "in_bytes"]
