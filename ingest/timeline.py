@@ -97,8 +97,9 @@ def build(ev: Events, rules: Rules) -> Timeline:
         cls = np.where(ev.kind[act] == MEMCPY, KERNEL_CLASSES.index("memcpy"), cls)
         cls = np.where(ev.kind[act] == MEMSET, KERNEL_CLASSES.index("memset"), cls)
         rt = ev.of_kind(RUNTIME)
-        act_launch, act_rt = _launch_times(ev, act, rt)
-        comm_launch, comm_rt = _launch_times(ev, comm, rt)
+        dev_launch, dev_rt = _launch_times(ev, dev, rt)  # all device events in one lookup
+        act_launch, act_rt = dev_launch[~is_comm], dev_rt[~is_comm]
+        comm_launch, comm_rt = dev_launch[is_comm], dev_rt[is_comm]
         act_start, act_end, act_event = ev.start[act], ev.end[act], act
         act_launch_op = _launch_ops(ev, act_rt, op_nest)
         comm_launch_op = _launch_ops(ev, comm_rt, op_nest)
@@ -162,8 +163,12 @@ def _on_names(rule, names: np.ndarray, codes: np.ndarray) -> np.ndarray:
 def _kernel_class(rules: Rules, names: np.ndarray, codes: np.ndarray) -> np.ndarray:
     """Kernel class (int64 index into KERNEL_CLASSES) of events with name ``codes``; the
     rules run once per distinct name among them, not over every name of the trace."""
-    uniq, inv = np.unique(codes, return_inverse=True)
-    return rules.kernel_class(names[uniq]).astype(np.int64)[inv.reshape(-1)]
+    present = np.zeros(len(names), dtype=bool)
+    present[codes] = True
+    uniq = np.flatnonzero(present)
+    cls = np.zeros(len(names), dtype=np.int64)
+    cls[uniq] = rules.kernel_class(names[uniq])
+    return cls[codes]
 
 
 def _self_segments(nest: Nesting, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
