@@ -8,12 +8,14 @@ later step works on these columns; string work happens once per unique name.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from calib.ingest.reader import Args, RawTrace
+from calib.ingest.reader import Args, RawTrace, read_trace
 
 KERNEL, MEMCPY, MEMSET, RUNTIME, OP, ANNOTATION, GPU_ANNOTATION, OTHER = range(8)
 DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)
@@ -65,16 +67,19 @@ class Events:
 
     def arg(self, idx: np.ndarray, attr: str) -> list[Any]:
         """One ``args`` attribute for the events ``idx`` (a Python list, subset only)."""
-        return list(map(attrgetter(attr), self.args_of(idx)))
+        return list(map(attrgetter(attr), self._args_iter(idx)))
 
     def int_arg(self, idx: np.ndarray, attr: str) -> np.ndarray:
         """An integer ``args`` attribute (typed in ingest.reader.Args) as int64; -1 missing."""
-        return np.fromiter(map(attrgetter(attr), self.args_of(idx)), dtype=np.int64, count=len(idx))
+        return np.fromiter(map(attrgetter(attr), self._args_iter(idx)), dtype=np.int64, count=len(idx))
 
     def args_of(self, idx: np.ndarray) -> list[Args]:
         """The decoded args of events ``idx``."""
-        args = self.args
-        return [args[i] for i in np.asarray(idx).tolist()]
+        return list(self._args_iter(idx))
+
+    def _args_iter(self, idx: np.ndarray) -> Iterator[Args]:
+        # C-level map, no intermediate list (about 20 % faster than a comprehension)
+        return map(self.args.__getitem__, np.asarray(idx).tolist())
 
 
 class _Codes(dict):
@@ -93,27 +98,33 @@ class _KindOf(dict):
         return kind
 
 
-def _encode(values: list[Any]) -> tuple[np.ndarray, list[Any]]:
+def _encode(values: Iterable[Any], n: int) -> tuple[np.ndarray, list[Any]]:
     codes = _Codes()
-    arr = np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=len(values))
+    arr = np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=n)
     return arr, list(codes)
 
 
 def normalise(raw: RawTrace) -> Events:
+    """Integer-coded columns of ``raw``'s complete events.
+
+    Uses the codes the reader assigned when it was given coders (:func:`read_events`),
+    else codes the list columns; the result is the same either way.
+    """
     n = len(raw.ts_us)
     t0 = float(raw.ts_us.min()) if n else 0.0
     start = np.rint((raw.ts_us - t0) * 1000.0).astype(np.int64)
     end = start + np.rint(raw.dur_us * 1000.0).astype(np.int64)
-    kind = np.fromiter(map(_KindOf().__getitem__, raw.cat), dtype=np.int8, count=n)
-    name_codes, name_list = _encode(raw.name)
+    if raw.codes is None:
+        kind = np.fromiter(map(_KindOf().__getitem__, raw.cat), dtype=np.int8, count=n)
+        name_codes, name_list = _encode(raw.name, n)
+        pid_codes, pids = _encode(raw.pid, n)
+        tid_codes, tids = _encode(raw.tid, n)
+    else:
+        kind, name_codes, pid_codes, tid_codes, _, name_coder, pid_coder, tid_coder = raw.codes
+        name_list, pids, tids = list(name_coder), list(pid_coder), list(tid_coder)
+        raw.codes = None
     names = np.array([v if isinstance(v, str) else str(v) for v in name_list], dtype=object)
-    pid_codes, pids = _encode(raw.pid)
-    tid_codes, tids = _encode(raw.tid)
-    pair, thread_codes = np.unique(
-        pid_codes.astype(np.int64) * max(len(tids), 1) + tid_codes, return_inverse=True
-    )
-    thread_codes = thread_codes.astype(np.int32)
-    threads = [(pids[p // max(len(tids), 1)], tids[p % max(len(tids), 1)]) for p in pair.tolist()]
+    thread_codes, threads = _threads(pid_codes, pids, tid_codes, tids)
     thread_names = {i: raw.thread_names.get(t, "") for i, t in enumerate(threads)}
     return Events(
         start=start,
@@ -127,6 +138,30 @@ def normalise(raw: RawTrace) -> Events:
         t0_us=t0,
         thread_names=thread_names,
     )
+
+
+def read_events(path: str | Path, max_inflated_bytes: int | None = None) -> tuple[RawTrace, Events]:
+    """``normalise(read_trace(path))``, coding the columns while the events are read."""
+    raw = read_trace(path, max_inflated_bytes, coders=(_KindOf(), _Codes(), _Codes(), _Codes()))
+    return raw, normalise(raw)
+
+
+def _threads(
+    pid_codes: np.ndarray, pids: list[Any], tid_codes: np.ndarray, tids: list[Any]
+) -> tuple[np.ndarray, list[tuple[Any, Any]]]:
+    """Thread codes: the (pid code, tid code) pairs present, in sorted order."""
+    nt = max(len(tids), 1)
+    key = pid_codes.astype(np.int64) * nt + tid_codes
+    if len(pids) * nt <= 1 << 20:  # few threads (always, in practice): O(n), no sort
+        present = np.bincount(key, minlength=len(pids) * nt) > 0
+        pair = np.flatnonzero(present)
+        remap = np.cumsum(present, dtype=np.int64) - 1
+        thread_codes = remap[key].astype(np.int32)
+    else:
+        pair, thread_codes = np.unique(key, return_inverse=True)
+        thread_codes = thread_codes.reshape(-1).astype(np.int32)
+    threads = [(pids[p // nt], tids[p % nt]) for p in pair.tolist()]
+    return thread_codes, threads
 
 
 def profiler_steps(ev: Events) -> tuple[np.ndarray, np.ndarray]:

@@ -23,9 +23,9 @@ from calib.ingest import device_ops as _device_ops
 from calib.ingest import frameworks as _frameworks
 from calib.ingest import gemms as _gemms
 from calib.ingest.discover import default_name, find_inputs, rank_hints
-from calib.ingest.events import Events, normalise
+from calib.ingest.events import Events, read_events
 from calib.ingest.executors import ExecutorSpec, RankJob, run_jobs
-from calib.ingest.reader import InflateLimit, RawTrace, read_trace
+from calib.ingest.reader import InflateLimit, RawTrace
 from calib.ingest.rules import DEFAULT_RULES, Rules
 from calib.ingest.timeline import build as build_timeline
 
@@ -162,12 +162,12 @@ def _read(path: Path, budget: int | None) -> tuple[RawTrace, Events, list[str]]:
     from calib.ingest import budget as memory
 
     if budget is None:
-        raw = read_trace(path)
-        return raw, normalise(raw), []
+        raw, ev = read_events(path)
+        return raw, ev, []
     if memory.fits_in_memory(path, budget):
         try:
-            raw = read_trace(path, max_inflated_bytes=memory.max_in_memory_json(budget))
-            return raw, normalise(raw), []
+            raw, ev = read_events(path, max_inflated_bytes=memory.max_in_memory_json(budget))
+            return raw, ev, []
         except InflateLimit:
             pass
     from calib.ingest.stream import read_streaming

@@ -16,7 +16,7 @@ import gc
 import gzip
 import hashlib
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import compress
@@ -168,6 +168,10 @@ class RawTrace:
     raw_bytes: int = 0
     sha256: str = ""
     file_bytes: int = 0
+    #: with ``read_trace(..., coders=...)``: the category, name, pid and tid columns
+    #: already coded by the caller's coders (four code arrays, then the four coders),
+    #: the list columns above left empty (``ingest.events.read_events``)
+    codes: tuple[Any, ...] | None = None
 
 
 class InflateLimit(Exception):
@@ -209,23 +213,21 @@ def read_bytes(path: Path, max_inflated_bytes: int | None = None) -> tuple[bytes
 def _inflate(blob: bytes, limit: int) -> bytes | None:
     """Inflate all gzip members, or None as soon as the output exceeds ``limit`` bytes.
 
-    Streams in 64 MiB steps so that a gzip bomb is stopped before it fills memory; the
-    steps are joined once at the end (no repeated buffer growth).
+    One call per member, its output capped at what the limit still allows (plus one
+    byte, to tell "exactly at the limit" from "beyond"): a gzip bomb stops at the limit,
+    memory never exceeds it, and a one-member file (every trace) comes out as the
+    decompressor's own buffer, without joining steps (a copy of the whole JSON).
     """
     chunks: list[bytes] = []
     total = 0
     buf = blob
     while buf:
         d = _zlib.decompressobj(wbits=31)
-        while True:
-            chunk = d.decompress(buf, 1 << 26)
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > limit:
-                return None
-            buf = d.unconsumed_tail
-            if d.eof or not buf:
-                break
+        chunk = d.decompress(buf, limit - total + 1)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            return None
         if not d.eof:
             raise EOFError("compressed file ended before the end-of-stream marker")
         buf = d.unused_data
@@ -234,8 +236,14 @@ def _inflate(blob: bytes, limit: int) -> bytes | None:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def read_trace(path: str | Path, max_inflated_bytes: int | None = None) -> RawTrace:
-    """Decode one Kineto trace file (``.json`` or ``.json.gz``) into a :class:`RawTrace`."""
+def read_trace(
+    path: str | Path, max_inflated_bytes: int | None = None, coders: tuple[Any, ...] | None = None
+) -> RawTrace:
+    """Decode one Kineto trace file (``.json`` or ``.json.gz``) into a :class:`RawTrace`.
+
+    ``coders`` (category, name, pid and tid coders: mappings value -> int code that
+    assign codes on first lookup) code those columns as they are read, see ``codes``.
+    """
     path = Path(path)
     data, file_bytes, digest = read_bytes(path, max_inflated_bytes)
     first = _first_char(data)
@@ -265,7 +273,7 @@ def read_trace(path: str | Path, max_inflated_bytes: int | None = None) -> RawTr
             raise InputError(path, "JSON is not a trace: no 'traceEvents' list")
         if not events:
             raise InputError(path, "trace has an empty 'traceEvents' list")
-        raw = _columns(path, doc, events)
+        raw = _columns(path, doc, events, coders)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -291,32 +299,46 @@ def _json_problem(exc: msgspec.DecodeError, size: int) -> str:
     return text
 
 
-def _columns(path: Path, doc: TraceFile | _FastTraceFile, events: list[Any]) -> RawTrace:
+def _columns(
+    path: Path, doc: TraceFile | _FastTraceFile, events: list[Any], coders: tuple[Any, ...] | None = None
+) -> RawTrace:
+    """Validated columns of the complete events (list columns, or coded: ``coders``)."""
     fast = isinstance(doc, _FastTraceFile)
-    if fast:
-        x = [e for e in events if type(e) is _X]
-        meta = [e for e in events if type(e) is _M]
+    x: list[Any] | None = None
+    codes = None
+    if fast and coders is not None:
+        # one sweep over blocks of events: split and column passes share the cache
+        meta: list[Any] = []
+        ts, dur, codes = _coded(_fast_blocks(events, meta), coders)
     else:
-        phs = list(map(_get_ph, events))
-        x = list(compress(events, map(_IS_X, phs)))
-        meta = list(compress(events, map(_IS_M, phs)))
+        if fast:
+            x = [e for e in events if type(e) is _X]
+            meta = [e for e in events if type(e) is _M]
+        else:
+            phs = list(map(_get_ph, events))
+            x = list(compress(events, map(_IS_X, phs)))
+            meta = list(compress(events, map(_IS_M, phs)))
+        if coders is None:
+            ts = np.fromiter(map(_get_ts, x), dtype=np.float64, count=len(x))
+            dur = np.fromiter(map(_get_dur, x), dtype=np.float64, count=len(x))
+        else:
+            ts, dur, codes = _coded((x[lo : lo + _BLOCK] for lo in range(0, len(x), _BLOCK)), coders)
     thread_names: dict[tuple[Any, Any], str] = {}
     process_labels: dict[Any, str] = {}
     for e in meta:
-        if True:
-            if e.name == "thread_name" and isinstance(e.args.name, str):
-                # a thread may be named twice (e.g. "python", then "pt_gloo_runloop"): keep both
-                key = (e.pid, e.tid)
-                prev = thread_names.get(key)
-                thread_names[key] = e.args.name if prev is None else f"{prev}|{e.args.name}"
-            elif e.name == "process_labels" and isinstance(e.args.labels, str):
-                process_labels[e.pid] = e.args.labels
-    n = len(x)
-    ts = np.fromiter(map(_get_ts, x), dtype=np.float64, count=n)
-    dur = np.fromiter(map(_get_dur, x), dtype=np.float64, count=n)
+        if e.name == "thread_name" and isinstance(e.args.name, str):
+            # a thread may be named twice (e.g. "python", then "pt_gloo_runloop"): keep both
+            key = (e.pid, e.tid)
+            prev = thread_names.get(key)
+            thread_names[key] = e.args.name if prev is None else f"{prev}|{e.args.name}"
+        elif e.name == "process_labels" and isinstance(e.args.labels, str):
+            process_labels[e.pid] = e.args.labels
+    n = len(ts)
     bad = ~np.isfinite(ts) | ~np.isfinite(dur) | (dur < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
+        if x is None:
+            x = [e for e in events if type(e) is _X]
         raise InputError(
             path,
             f"{int(bad.sum())} complete events have a missing, negative or non-finite ts/dur "
@@ -337,16 +359,54 @@ def _columns(path: Path, doc: TraceFile | _FastTraceFile, events: list[Any]) -> 
         n_events=len(events),
         ts_us=ts,
         dur_us=dur,
-        cat=list(map(_get_cat, x)),
-        name=list(map(_get_name, x)),
-        pid=list(map(_get_pid, x)),
-        tid=list(map(_get_tid, x)),
-        args=list(map(_get_args, x)),
+        cat=list(map(_get_cat, x)) if codes is None else [],
+        name=list(map(_get_name, x)) if codes is None else [],
+        pid=list(map(_get_pid, x)) if codes is None else [],
+        tid=list(map(_get_tid, x)) if codes is None else [],
+        args=list(map(_get_args, x)) if codes is None else codes[4],
         thread_names=thread_names,
         process_labels=process_labels,
         distributed_info=dist,
         device_properties=[p for p in props if isinstance(p, dict)],
+        codes=None if codes is None else (*codes[:4], *coders),
     )
+
+
+#: events per block of :func:`_coded`: a block's structs stay in the CPU cache across
+#: its passes (one pass per column over all events would fetch every struct from RAM
+#: once per column)
+_BLOCK = 4096
+
+
+def _fast_blocks(events: list[Any], meta: list[Any]) -> Iterator[list[Any]]:
+    """The complete events of each block of ``events`` (tagged-union structs); the
+    metadata events are appended to ``meta`` on the way."""
+    for lo in range(0, len(events), _BLOCK):
+        block = events[lo : lo + _BLOCK]
+        meta.extend([e for e in block if type(e) is _M])
+        yield [e for e in block if type(e) is _X]
+
+
+def _coded(blocks: Iterable[list[Any]], coders: tuple[Any, ...]) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """ts, dur, and (kind, name, pid and tid codes, args) of complete events, block by
+    block; codes are assigned in order of first sight, as one pass would."""
+    kinds, names, pids, tids = (c.__getitem__ for c in coders)
+    cols: tuple[list[np.ndarray], ...] = ([], [], [], [], [], [])
+    args: list[Args] = []
+    for b in blocks:
+        m = len(b)
+        cols[0].append(np.fromiter(map(_get_ts, b), dtype=np.float64, count=m))
+        cols[1].append(np.fromiter(map(_get_dur, b), dtype=np.float64, count=m))
+        cols[2].append(np.fromiter(map(kinds, map(_get_cat, b)), dtype=np.int8, count=m))
+        cols[3].append(np.fromiter(map(names, map(_get_name, b)), dtype=np.int32, count=m))
+        cols[4].append(np.fromiter(map(pids, map(_get_pid, b)), dtype=np.int32, count=m))
+        cols[5].append(np.fromiter(map(tids, map(_get_tid, b)), dtype=np.int32, count=m))
+        args.extend(map(_get_args, b))
+    dtypes = (np.float64, np.float64, np.int8, np.int32, np.int32, np.int32)
+    ts, dur, kind, name, pid, tid = (
+        np.concatenate(c) if c else np.zeros(0, dtype=t) for c, t in zip(cols, dtypes, strict=True)
+    )
+    return ts, dur, (kind, name, pid, tid, args)
 
 
 def _short(value: Any, limit: int = 60) -> str:

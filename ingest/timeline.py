@@ -77,16 +77,15 @@ class Timeline:
 def build(ev: Events, rules: Rules) -> Timeline:
     notes: list[str] = []
     names = ev.names
-    comm_name = rules.is_comm(names)
-    wait_name = rules.is_wait(names)
-    class_of_name = rules.kernel_class(names)
     gloo_thread = np.array(
         ["gloo" in (ev.thread_names.get(i) or "") for i in range(len(ev.threads))], dtype=bool
     )
     host_kinds = np.isin(ev.kind, (RUNTIME, OP, ANNOTATION)) & ~gloo_thread[ev.thread]
-    waits = np.flatnonzero(wait_name[ev.name] & host_kinds)
+    waits = np.flatnonzero(_on_names(rules.is_wait, names, ev.name[host_kinds])[ev.name] & host_kinds)
 
     dev = ev.of_kind(*DEVICE_KINDS)
+    # GPU: only device events can be communication; CPU: any event
+    comm_name = _on_names(rules.is_comm, names, ev.name[dev]) if len(dev) else rules.is_comm(names)
     if len(dev):
         device = "gpu"
         ops = np.flatnonzero((ev.kind == OP) & ~gloo_thread[ev.thread])
@@ -94,12 +93,13 @@ def build(ev: Events, rules: Rules) -> Timeline:
         op_nest = Nesting.build(ev.start[ops], ev.end[ops], ev.thread[ops])
         is_comm = comm_name[ev.name[dev]] & (ev.kind[dev] != MEMCPY) & (ev.kind[dev] != MEMSET)
         comm, act = dev[is_comm], dev[~is_comm]
-        cls = class_of_name[ev.name[act]].astype(np.int64)
+        cls = _kernel_class(rules, names, ev.name[act])
         cls = np.where(ev.kind[act] == MEMCPY, KERNEL_CLASSES.index("memcpy"), cls)
         cls = np.where(ev.kind[act] == MEMSET, KERNEL_CLASSES.index("memset"), cls)
         rt = ev.of_kind(RUNTIME)
-        act_launch, act_rt = _launch_times(ev, act, rt)
-        comm_launch, comm_rt = _launch_times(ev, comm, rt)
+        dev_launch, dev_rt = _launch_times(ev, dev, rt)  # all device events in one lookup
+        act_launch, act_rt = dev_launch[~is_comm], dev_rt[~is_comm]
+        comm_launch, comm_rt = dev_launch[is_comm], dev_rt[is_comm]
         act_start, act_end, act_event = ev.start[act], ev.end[act], act
         act_launch_op = _launch_ops(ev, act_rt, op_nest)
         comm_launch_op = _launch_ops(ev, comm_rt, op_nest)
@@ -114,7 +114,7 @@ def build(ev: Events, rules: Rules) -> Timeline:
         compute_op &= ~comm_name[ev.name[ops]]
         act_start, act_end, owner = _self_segments(op_nest, compute_op)
         act_event = ops[owner]
-        cls = class_of_name[ev.name[act_event]].astype(np.int64)
+        cls = _kernel_class(rules, names, ev.name[act_event])
         act_launch, act_launch_op = act_start, owner
         if not len(ops) and not len(comm):
             notes.append("no device kernels and no CPU operators")
@@ -147,6 +147,28 @@ def build(ev: Events, rules: Rules) -> Timeline:
         iteration=iteration,
         notes=notes,
     )
+
+
+def _on_names(rule, names: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """``rule`` (a Rules.is_* method) per name code, run only on the names in ``codes``
+    (False elsewhere): the long kernel names need not be scanned for host patterns."""
+    present = np.zeros(len(names), dtype=bool)
+    present[codes] = True
+    idx = np.flatnonzero(present)
+    out = np.zeros(len(names), dtype=bool)
+    out[idx] = rule(names[idx])
+    return out
+
+
+def _kernel_class(rules: Rules, names: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Kernel class (int64 index into KERNEL_CLASSES) of events with name ``codes``; the
+    rules run once per distinct name among them, not over every name of the trace."""
+    present = np.zeros(len(names), dtype=bool)
+    present[codes] = True
+    uniq = np.flatnonzero(present)
+    cls = np.zeros(len(names), dtype=np.int64)
+    cls[uniq] = rules.kernel_class(names[uniq])
+    return cls[codes]
 
 
 def _self_segments(nest: Nesting, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -279,7 +279,9 @@ def conform(name: str, df: pd.DataFrame) -> pa.Table:
     extra = [c for c in df.columns if c not in schema.names]
     if missing or extra:
         raise ValueError(f"table {name}: missing columns {missing}, unexpected {extra}")
-    return pa.Table.from_pandas(df[schema.names], schema=schema, preserve_index=False)
+    if list(df.columns) != schema.names:  # selecting copies the frame: only when needed
+        df = df[schema.names]
+    return pa.Table.from_pandas(df, schema=schema, preserve_index=False)
 
 
 @dataclass(frozen=True)
