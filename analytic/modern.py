@@ -69,11 +69,15 @@ def check_modern(model, hw, st, i: int = 0) -> None:
         raise InputError("seq_parallel", "MoE with TP > 1 needs sequence parallelism (tokens split over TP)")
     if sch and r["interleave"] > 1:
         raise InputError("schedule", "ZB-H1 and DualPipe run without interleaving (v = 1)")
-    if sch == ZB_H1 and (p < 2 or m < p):
-        raise InputError("schedule", f"ZB-H1 needs PP > 1 and micro-batches ({m}) >= PP={p}")
-    if sch == DUALPIPE and (p < 2 or p % 2 or m < 2 * p):
+    if sch and p < 2:  # name the condition that fails (was one message for both)
         raise InputError(
-            "schedule", f"DualPipe needs an even PP > 1 and micro-batches ({m}) >= 2 x PP={2 * p}"
+            "schedule", f"{('', 'ZB-H1', 'DualPipe')[sch]} needs pipeline parallelism (PP > 1), got PP={p}"
+        )
+    if sch == ZB_H1 and m < p:
+        raise InputError("schedule", f"ZB-H1 needs micro-batches ({m}) >= PP={p}")
+    if sch == DUALPIPE and (p % 2 or m < 2 * p):
+        raise InputError(
+            "schedule", f"DualPipe needs an even PP (got {p}) and micro-batches ({m}) >= 2 x PP={2 * p}"
         )
     if r["dist_opt"] and r["zero"] != 1:
         raise InputError("zero", "the distributed optimizer is ZeRO-1 (give ZeRO stage 1)")

@@ -269,3 +269,26 @@ def test_predict_energy_equals_the_search_energy_of_the_same_strategy():
     assert r["cp"] > 1 or r["schedule"] != "1f1b"  # the knobs the energy model used to drop
     assert c["iter_s"] == pytest.approx(r["iter_s"], rel=1e-9)
     assert c["energy_j_per_token"] == pytest.approx(r["energy_j_per_token"], rel=1e-9)
+
+
+def test_schedule_errors_name_the_failing_condition():
+    # was: 'ZB-H1 needs PP > 1 and micro-batches (16) >= PP=1' (true) when PP = 1 was the problem
+    base = (
+        "predict",
+        "--hardware",
+        "dgx-h100",
+        "--model",
+        "gpt-13b",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "1024",
+    )
+    assert bad(*base, "--schedule", "zb-h1").problem == "ZB-H1 needs pipeline parallelism (PP > 1), got PP=1"
+    assert (
+        bad(*base, "--schedule", "dualpipe").problem
+        == "DualPipe needs pipeline parallelism (PP > 1), got PP=1"
+    )
+    assert bad(*base, "--pp", "8", "--schedule", "zb-h1", "--global-batch", "8").problem == (
+        "ZB-H1 needs micro-batches (1) >= PP=8"
+    )
