@@ -42,6 +42,10 @@ BYTES_WEIGHT = 2.0
 OBJECTIVES = ("time", "energy", "cost")
 
 
+#: the source of f_max when a device states no clock range (clocks relative to the top one)
+RELATIVE_CLOCK = "default: no clock range for this device"
+
+
 @dataclass(frozen=True)
 class Quantity:
     """One number with its status (sourced, default, derived, fitted), source and standard error."""
@@ -70,6 +74,11 @@ class PowerSpec:
     v_floor_ratio: Quantity
     pj_per_flop_theory: Quantity | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def clock_mhz_known(self) -> bool:
+        """False when the device states no clock range: clocks are then fractions of the top one."""
+        return not self.f_max_mhz.source.startswith(RELATIVE_CLOCK)
 
     @property
     def pj_per_flop_tdp(self) -> float:
@@ -159,7 +168,7 @@ def load_power(hw: HardwareSpec, dtype: str = "bf16", fitted: dict | None = None
     if "static_w" in e:
         static = _q(e["static_w"], f"{where} static_w")
     fmax = _q(e["f_max_mhz"], f"{where} f_max_mhz") if "f_max_mhz" in e else Quantity(
-        1.0, DEFAULT, "default: no clock range for this device; frequencies are relative (1 = highest)")  # fmt: skip
+        1.0, DEFAULT, RELATIVE_CLOCK + "; frequencies are relative (1 = highest)")  # fmt: skip
     fr = _q(d["f_min_ratio"], "f_min_ratio")
     fmin = _q(e["f_min_mhz"], f"{where} f_min_mhz") if "f_min_mhz" in e else Quantity(
         fmax.value * fr.value, DEFAULT, fr.source)  # fmt: skip
@@ -221,7 +230,8 @@ def work_of(model, system, st, r: dict) -> Work:
 
     params = stage_params(d, L, s, V, weight_split(t, st.tp_c, st.tp2d_kind), p, ffn, kv, mats, tied)
     opt_params = params / np.where(st.zero >= 1, dp, 1.0)
-    vec = F.vector_traffic_bytes_layer(b, s, d, a, t, st.seq_parallel, st.recompute, st.flash_attention,
+    s_loc = s / np.asarray(st.cp, dtype=float)  # a GPU's tokens under context parallelism
+    vec = F.vector_traffic_bytes_layer(b, s_loc, d, a, t, st.seq_parallel, st.recompute, st.flash_attention,
                                        system.vector_passes)  # fmt: skip
     hbm = (
         m * (L / p) * vec + m * WEIGHT_PASSES * BYTES_WEIGHT * params + ADAM_STEP_BYTES_PER_PARAM * opt_params
@@ -291,7 +301,7 @@ def energy_columns(
         "power_w_per_gpu": pick("power_w", top), "energy_j_per_gpu": pick("energy_j", top),
         "energy_kj_per_iter": gpus * pick("energy_j", top) / 1e3, "time_s_at_clock": pick("time_s", top),
         "f_opt_mhz": sc[best] * power.f_max_mhz.value, "energy_kj_per_iter_opt": gpus * pick("energy_j", best) / 1e3,
-        "time_s_opt": pick("time_s", best),
+        "time_s_opt": pick("time_s", best), "f_opt_scale": sc[best],
     }  # fmt: skip
     # seed 003's 'fastest Pareto-optimal' point: the lowest clock under the cap with the top's time
     fast = np.where(ok & (g["time_s"] <= pick("time_s", top)[..., None] * (1 + 1e-9)), g["energy_j"], np.inf)
@@ -357,6 +367,9 @@ def energy_of_table(model, system, table, plan, power: PowerSpec, tokens=None, p
         micro_batch=table["micro_batch"].to_numpy(), global_batch=table["global_batch"].to_numpy(),
         interleave=plan.interleave, zero=plan.zero, recompute=plan.recompute, seq_parallel=plan.seq_parallel,
         dp_overlap=plan.dp_overlap, flash_attention=plan.flash_attention,
+        # the whole plan: the energy model times the same strategy as the time model
+        cp=plan.cp, ep=plan.ep, cp_kind=plan.cp_kind, fp8=plan.fp8, schedule=plan.schedule,
+        dist_opt=plan.dist_opt, tp_overlap=plan.tp_overlap, master=plan.master,
     )  # fmt: skip
     r = evaluate(model, system, st)
     w = work_of(model, system, st, r)

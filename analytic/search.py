@@ -319,8 +319,10 @@ def _layout_comm(model, system: System, sl: dict, B: int, space: Space) -> dict[
     """Communication terms once per distinct (t, c, p, d, b, e): layouts that differ only in
     interleaving or schedule share them.  One int64 mixed-radix key, one sort."""
     cols = [sl[k].astype(np.int64) for k in COMM_KEYS]
+    if not cols[0].size:
+        return None  # no valid layout (e.g. no TP grid column count divides TP)
     radix = [int(c.max()) + 1 for c in cols]
-    if not cols[0].size or float(np.prod([float(r) for r in radix])) >= 2.0**62:
+    if float(np.prod([float(r) for r in radix])) >= 2.0**62:
         return None  # let evaluate compute them per layout
     key = cols[0]
     for c, r in zip(cols[1:], radix[1:], strict=True):
@@ -373,6 +375,7 @@ def detail(
             "energy_kj_per_iter",
             "power_w_per_gpu",
             "f_opt_mhz",
+            "f_opt_scale",
             "energy_saving_opt",
         ):
             df[k] = np.broadcast_to(ec[k], (n,))

@@ -42,6 +42,7 @@ from calib.calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
 from calib.calibrate.device_model import DeviceModel
 
 from calib.core.collective_names import ALLGATHER, ALLREDUCE, REDUCE, REDUCESCATTER, SENDRECV
+from calib.core.devices import same_device
 
 ADAM_STEP_BYTES_PER_PARAM = 28.0  # read+write fp32 master, m, v (24) + read grad (2) + write fp16 weight (2)
 VECTOR_PASSES = 5.0  # HBM traversals of the activation bytes by element-wise kernels (formulas)
@@ -86,7 +87,7 @@ class System:
         dm = self.cal.device_model
         if dm is None or not dm.families:
             return None
-        if _same_device(dm.device, self.hw.device):
+        if same_device(dm.device, self.hw.device):
             return dm
         return dm.on(self.hw.peak_tflops, self.hw.hbm_tbps)
 
@@ -123,16 +124,6 @@ class System:
         """Time-sharing factor of a job of ``ranks`` ranks: max(1, ranks on one node / slots)."""
         on_node = np.minimum(np.asarray(ranks, dtype=float), float(self.gpus_per_node))
         return np.maximum(1.0, on_node / self.slots_per_node)
-
-
-def _same_device(a: str | None, b: str | None) -> bool:
-    def key(text: str | None) -> str:
-        return "".join(ch for ch in (text or "").lower() if ch.isalnum())
-
-    from calib.core.devices import same_chip
-
-    ka, kb = key(a), key(b)
-    return (bool(ka and kb) and (ka == kb or ka in kb or kb in ka)) or same_chip(a, b)
 
 
 def dispatch_split(cal: Calibration) -> float:
@@ -382,9 +373,11 @@ def evaluate(
         np.where(do, do_ag, ag_exp),
         np.where(do, do_rs, rs_exp),
     )
-    kernel_tr = m * (lps * layer_tr + head_tr)
-    kernel_all = m * (lps * layer_kernel + head_kernel)
-    compute_all = m * (lps * layer_compute + head_compute)
+    # uneven stages: only the LM head's excess over the last stage's gap is on the critical path
+    head_cp = np.where(head_compute > 0, head_mb / np.maximum(head_compute, 1e-30), 1.0)
+    kernel_tr = m * (lps * layer_tr + head_cp * head_tr)
+    kernel_all = m * (lps * layer_kernel + head_cp * head_kernel)
+    compute_all = m * (lps * layer_compute + head_cp * head_compute)
     if dm is not None:  # device idle while the host issues: the step's gaps and any host excess
         compute_all = compute_all + (iter_s - device_iter)
     dispatch = compute_all - kernel_all

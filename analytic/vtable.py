@@ -76,7 +76,7 @@ def _ints(df: pd.DataFrame, col: str, where: str) -> pd.Series:
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         raise InputError(
-            where, f"row {i + 1}: column '{col}' must be a non-negative integer, got {df[col].iloc[i]!r}"
+            where, f"row {i + 1}: column '{col}' must be a non-negative integer, got '{df[col].iloc[i]}'"
         )
     return vals.astype("int64")
 
@@ -160,7 +160,22 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
         if col not in out.columns:
             out[col] = ""
         out[col] = out[col].fillna("").astype(str)
+    _check_hardware(out, where)
     return out.reset_index(drop=True)
+
+
+def _check_hardware(out: pd.DataFrame, where: str) -> None:
+    """Every named hardware must load: a bad value names the file, row and column."""
+    from calib.analytic.specs import load_hardware
+
+    for h in out["hardware"].unique():
+        if not h:
+            continue
+        try:
+            load_hardware(h)
+        except InputError as exc:
+            i = int(np.flatnonzero((out["hardware"] == h).to_numpy())[0])
+            raise InputError(where, f"row {i + 1}: column 'hardware': {exc.problem}") from None
 
 
 def model_columns(df: pd.DataFrame) -> ModelColumns:
@@ -184,7 +199,10 @@ def read_table(path: str | Path, fmt: str = "auto") -> tuple[pd.DataFrame, str]:
         raise InputError(
             path, f"unreadable CSV: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         ) from None
-    name = published.detect(raw) if fmt == "auto" else fmt
+    try:
+        name = published.detect(raw) if fmt == "auto" else fmt
+    except InputError as exc:
+        raise InputError(path, exc.problem) from None
     if name != "canonical":
         raw = published.adapt(name, raw, path)
     return normalise(raw, path), name

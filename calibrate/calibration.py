@@ -360,6 +360,8 @@ class Calibration:
             raw = json.loads(path.read_text())
         except FileNotFoundError:
             raise InputError(path, "no such calibration file") from None
+        except IsADirectoryError:
+            raise InputError(path, "is a directory, not a calibration file (*.calib.json)") from None
         except (OSError, ValueError) as exc:
             raise InputError(path, f"unreadable calibration: {exc}") from None
         if not isinstance(raw, dict) or raw.get("format") != CALIBRATION_FORMAT:

@@ -42,10 +42,12 @@ def read_power_samples(path: str | Path) -> tuple[pd.DataFrame, dict[str, str]]:
         raise InputError(p, f"missing column(s) {', '.join(missing)}")
     for c in REQUIRED:
         v = pd.to_numeric(df[c], errors="coerce")
-        if v.isna().any() or (v < 0).any():
-            raise InputError(
-                p, f"column {c}: non-numeric or negative value in row {int(v.isna().idxmax()) + 1}"
-            )
+        top = 100.0 if c.endswith("_pct") else np.inf  # utilisation is a percentage
+        bad = ~(np.isfinite(v) & (v >= 0) & (v <= top))
+        if bad.any():
+            rng = "0..100" if c.endswith("_pct") else "finite and >= 0"
+            raise InputError(p, f"column {c}: value {df[c].iloc[int(np.argmax(bad.to_numpy()))]} in row "
+                                f"{int(np.argmax(bad.to_numpy())) + 1} is not {rng}")  # fmt: skip
         df[c] = v.astype(float)
     if len(df) < 3:
         raise InputError(p, f"{len(df)} samples: the fit needs at least 3")

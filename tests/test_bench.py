@@ -186,7 +186,7 @@ def test_gemm_model_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
             "calib: --collectives: unsupported ['gossip']",
         ),
         (["bench", "collectives", "--nproc", "2", "-d", "float8"], "calib: --dtype: unknown dtype 'float8'"),
-        (["bench", "collectives", "--nproc", "2", "-f", "1"], "calib: --step-factor: must be > 1"),
+        (["bench", "collectives", "--nproc", "2", "-f", "1"], "calib: --step-factor: must be a finite number > 1"),
         (
             ["bench", "collectives", "--nproc", "2", "--backend", "mpi"],
             "calib: --backend: 'mpi' is not nccl, gloo",

@@ -79,16 +79,29 @@ def add_energy(model, machine, result, plan, system, store, tokens, price, dtype
         )
     )
 
+    if not power.clock_mhz_known:
+        table = table.drop(columns=["f_opt_mhz", "f_fastest_mhz"])
+        notes.append(relative_clock_note(machine.hw.device))
     if table["throttled"].any():
         notes.append("power cap: some configurations run below the top clock (busy power above the cap)")
     return replace(result, table=table), notes
 
 
+def relative_clock_note(device: str) -> str:
+    return (f"power: no SM clock range for {device} in energy.yaml: the energy-optimal clock is given as a "
+            "fraction of the top clock (f_opt_scale, 'opt f/fmax'), not in MHz")  # fmt: skip
+
+
 def energy_text(table: pd.DataFrame) -> str:
-    e = table[list(ENERGY_COLUMNS)].rename(columns=ENERGY_COLUMNS).copy()
+    cols = dict(ENERGY_COLUMNS)
+    if "f_opt_mhz" not in table:  # the device states no clock range: the optimum relative to the top
+        cols = {("f_opt_scale" if k == "f_opt_mhz" else k): ("opt f/fmax" if k == "f_opt_mhz" else v)
+                for k, v in cols.items()}  # fmt: skip
+    e = table[list(cols)].rename(columns=cols).copy()
     for c in ("saving@opt", "slowdown@opt"):
         e[c] = (e[c] * 100).round(1).astype(str) + "%"
-    e["opt MHz"] = e["opt MHz"].round(0)
+    if "opt MHz" in e:
+        e["opt MHz"] = e["opt MHz"].round(0)
     if "energy_kj_per_iter_lo" in table:  # the power fit's 1-sigma band
         lo, hi = table["energy_kj_per_iter_lo"], table["energy_kj_per_iter_hi"]
         e.insert(e.columns.get_loc("kJ/iter") + 1, "fit band", [f"{a:.4g}..{b:.4g}" for a, b in zip(lo, hi)])

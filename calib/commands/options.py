@@ -24,6 +24,14 @@ Machine (one of):
 """
 
 
+def option_name(param) -> str:
+    """The option as the user types it (``--s``, ``--format``), not its Python name."""
+    if param is None:
+        return "option"
+    opts = [o for o in getattr(param, "opts", ()) if o.startswith("--")]
+    return max(opts, key=len) if opts else f"--{param.name.replace('_', '-')}"
+
+
 class Int(click.ParamType):
     """An integer option whose bad values are one-line InputErrors (exit 2), not usage dumps."""
 
@@ -33,7 +41,7 @@ class Int(click.ParamType):
         self.lo, self.hi = lo, hi
 
     def convert(self, value, param, ctx):
-        opt = f"--{param.name.replace('_', '-')}" if param else "option"
+        opt = option_name(param)
         try:
             v = int(value)
         except (TypeError, ValueError):
@@ -50,7 +58,7 @@ class Fraction(click.ParamType):
     name = "fraction"
 
     def convert(self, value, param, ctx):
-        opt = f"--{param.name.replace('_', '-')}" if param else "option"
+        opt = option_name(param)
         try:
             v = float(value)
         except (TypeError, ValueError):
@@ -73,7 +81,7 @@ class Choice(click.ParamType):
 
     def convert(self, value, param, ctx):
         if value not in self.choices:
-            opt = f"--{param.name.replace('_', '-')}" if param else "option"
+            opt = option_name(param)
             raise InputError(opt, f"'{value}' is not one of {', '.join(self.choices)}")
         return value
 

@@ -190,7 +190,9 @@ def search_text(summary: dict, table: pd.DataFrame, per_gpus: pd.DataFrame | Non
         f"{summary['seconds']:.3f} s = {summary['strategies_per_s']:,.0f} strategies/s",
         "",
     ]
-    if table.empty:
+    if table.empty and not summary["strategies"]:
+        out.append("no valid strategy: no layout divides the GPU count, heads, layers and batch as required")
+    elif table.empty:
         out.append("no strategy fits in device memory")
     else:
         out += ["best strategies", _indent(_search_view(table).to_string(index=False))]

@@ -156,6 +156,8 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
         notes = notes + enotes
     elif tokens is not None or price_per_gpu_hour is not None:
         raise InputError("--tokens", "--tokens and --price-per-gpu-hour need --energy")
+    elif power_file is not None:  # was silently ignored
+        raise InputError("--power", "a power fit is used only with --energy")
     if as_json:
         text = output.dumps({
             "model": model.__dict__, "hardware": machine.hw.__dict__, "calibration": machine.cal.system,

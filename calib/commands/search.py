@@ -146,8 +146,8 @@ Examples:
 @click.option(
     "--nvlink-domain",
     type=Int(1),
-    help="Placement axis: re-time the fastest strategies under every placement of their TP/DP/PP groups on "
-    "NVLink domains of this many GPUs (4, 8, 72 ...) and rank by the placed time (seed 002).",
+    help="Placement axis: time every strategy of the grid under its best placement of the TP/CP/DP/PP "
+    "groups on NVLink domains of this many GPUs (4, 8, 72 ...) and rank by the placed time (seed 002).",
 )
 @click.option(
     "--offload-gbps",
@@ -208,16 +208,29 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         tp_c=parse_list(stack["tp_cols"], "--tp-cols", (1,)),
         tp2d_kind=("2d", "summa").index(stack["tp2d_kind"]),
     )
+    _check_axes(model, space)
     if space.fp8 and not machine.hw.peak_fp8_tflops:
         raise InputError("--precision", f"hardware {machine.hw.name} states no peak_fp8_tflops")
     power = None
+    if power_file is not None and objective != "energy":  # was silently ignored
+        raise InputError("--power", "a power fit is used only with --objective energy")
     if objective == "energy":
         from calib.commands.energy_cli import power_spec
 
         power = power_spec(machine.hw, system, store, dtype, power_file)
         notes = notes + list(power.notes)
+        if not power.clock_mhz_known:
+            from calib.commands.energy_cli import relative_clock_note
+
+            notes.append(relative_clock_note(machine.hw.device))
     if nvlink_domain or offload_gbps is not None:
         from calib.commands.energy_cli import axis_search
+
+        if objective != "time":  # was silently ranked by time
+            axis = "--nvlink-domain" if nvlink_domain else "--offload-gbps"
+            raise InputError(
+                "--objective", f"{axis} ranks by time only; '{objective}' is not available with it"
+            )
 
         text = axis_search(
             model, machine, counts, B, space, top, nvlink_domain, offload_gbps, offload_gb, as_json, notes
@@ -238,6 +251,8 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
                          schedule=[SCHEDULES[i] for i in df["schedule"]])  # fmt: skip
 
     table = named(res.top)
+    if power is not None and not power.clock_mhz_known:
+        table = table.drop(columns=["f_opt_mhz"], errors="ignore")
     summary = {
         "model": model.label, "machine": machine.hw.name, "calibration": machine.cal.system,
         "gpus": counts if len(counts) > 1 else counts[0], "global_batch": B,
@@ -256,3 +271,33 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     text = output.emit(text, out)
     if text is not None:
         click.echo(text, nl=False)
+
+
+def _check_axes(model, space) -> None:
+    """Values of --cp, --ep and --tp-cols that no layout can take are refused, naming the option
+    (as ``calib predict`` does), instead of an empty search."""
+    S, E = model.seq_len, int(getattr(model, "n_experts", 0) or 0)
+    for c in space.cp:
+        if c > 1 and S % (2 * c):
+            raise InputError(
+                "--cp", f"CP={c} needs the sequence {S} divisible by 2 x CP (load-balanced chunks)"
+            )
+    for e in space.ep or ():
+        if e > 1 and not E:
+            raise InputError("--ep", f"expert parallelism needs a MoE model; {model.label} is dense")
+        if E and E % e:
+            raise InputError("--ep", f"EP={e} does not divide the {E} experts of {model.label}")
+    _check_tp_cols(model, space)
+
+
+def _check_tp_cols(model, space) -> None:
+    """Each 2D TP column count must divide some TP size the search tries and the sequence."""
+    tps = [t for t in range(1, model.n_heads + 1) if model.n_heads % t == 0 and t <= (space.max_tp or t)]
+    for c in space.tp_c:
+        if c > 1 and (model.seq_len % c or not any(t % c == 0 for t in tps)):
+            raise InputError(
+                "--tp-cols",
+                f"{c} columns divide no TP size of {model.label} (TP divides its {model.n_heads} heads"
+                + (f", TP <= {space.max_tp}" if space.max_tp else "")
+                + f") or not its sequence {model.seq_len}",
+            )

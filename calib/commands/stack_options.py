@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import click
 
-from calib.commands.options import Choice, Int
+from calib.commands.options import Choice, Int, option_name
 from calib.core.errors import InputError
 
 SCHEDULE_HELP = "1f1b (interleaved with --interleave > 1), zb-h1 (Qi et al. 2023) or dualpipe (DeepSeek-V3)."
@@ -22,13 +22,13 @@ class Number(click.ParamType):
         self.lo = lo
 
     def convert(self, value, param, ctx):
-        opt = f"--{param.name.replace('_', '-')}" if param else "option"
+        opt = option_name(param)
         try:
             v = float(value)
         except (TypeError, ValueError):
             raise InputError(opt, f"expected a number, got '{value}'") from None
-        if v < self.lo:
-            raise InputError(opt, f"must be >= {self.lo:g}, got {v:g}")
+        if not v >= self.lo or v == float("inf"):
+            raise InputError(opt, f"must be a finite number >= {self.lo:g}, got {v:g}")
         return v
 
 
@@ -80,7 +80,20 @@ def apply_moe(model, n_experts=None, top_k=None, expert_ffn=None, shared_experts
         raise InputError("--top-k", "give the experts per token with --experts")
     if over.get("n_experts") == 0:  # --experts 0: the dense variant of a MoE preset
         over.update(top_k=0, shared_experts=0, dense_layers=0, expert_ffn=None, capacity_factor=None)
-    return replace(model, **over) if over else model
+    if not over:
+        return model
+    try:
+        return replace(model, **over)
+    except InputError as exc:  # ModelSpec names its field ('top_k must be ...'): name the option
+        field = next((k for k in over if exc.problem.startswith(k + " ")), None)
+        if field is None:
+            raise
+        raise InputError(MOE_FLAGS[field], exc.problem) from None
+
+
+MOE_FLAGS = {"n_experts": "--experts", "top_k": "--top-k", "expert_ffn": "--expert-ffn",
+             "shared_experts": "--shared-experts", "dense_layers": "--dense-layers",
+             "capacity_factor": "--capacity-factor"}  # fmt: skip
 
 
 def stack_options(f):

@@ -227,7 +227,12 @@ def _validate_runs(system, measured, table, store, as_json, as_csv, out) -> None
 
     if table:
         raise InputError("--runs", "give either a TABLE or --runs SYSTEM")
-    cal = resolve_system(system, None, None, store)[0].cal
+    try:
+        cal = resolve_system(system, None, None, store)[0].cal
+    except InputError as exc:  # the system was named by --runs, not --system
+        if exc.where != "system":
+            raise
+        raise InputError("--runs", exc.problem) from None
     dm = cal.device_model
     if dm is None or not dm.runs:
         raise InputError(

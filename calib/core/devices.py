@@ -87,3 +87,13 @@ def same_chip(a: str | None, b: str | None) -> bool:
     if ka is None or kb is None:
         return False
     return ka[0] == kb[0] and ka[2] == kb[2] and (not ka[1] or not kb[1] or ka[1] == kb[1])
+
+
+def same_device(a: str | None, b: str | None) -> bool:
+    """Two device names of one device: equal or contained alphanumerics, or the same chip."""
+
+    def key(text: str | None) -> str:
+        return "".join(ch for ch in (text or "").lower() if ch.isalnum())
+
+    ka, kb = key(a), key(b)
+    return (bool(ka and kb) and (ka == kb or ka in kb or kb in ka)) or same_chip(a, b)

@@ -51,7 +51,8 @@ def check_name(kind: str, name: str) -> str:
     if not _NAME_RE.match(name or ""):
         raise InputError(
             f"--{kind}",
-            f"'{name}' is not a valid {kind} name (letters, digits, '.', '_', '+', '-'; at most 128)",
+            f"'{name}' is not a valid {'run' if kind == 'name' else kind} name (letters, digits, '.', '_', '+', "
+            "'-'; at most 128)",
         )
     return name
 

@@ -69,8 +69,8 @@ class CollectiveBenchConfig:
             raise InputError(
                 "min_bytes", f"must be >= 1 and <= max_bytes ({self.min_bytes} > {self.max_bytes})"
             )
-        if self.step_factor <= 1.0:
-            raise InputError("step_factor", f"must be > 1, got {self.step_factor}")
+        if not 1.0 < self.step_factor < float("inf"):  # nan/inf would run one size and stop
+            raise InputError("step_factor", f"must be a finite number > 1, got {self.step_factor}")
         if self.dtype not in DTYPES:
             raise InputError("dtype", f"unknown dtype '{self.dtype}' (one of {', '.join(DTYPES)})")
         if self.warmup < 0 or self.iters < 1:

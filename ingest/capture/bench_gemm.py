@@ -53,7 +53,9 @@ class GemmBenchConfig:
             raise InputError(
                 "dtype", f"unsupported {bad or 'empty list'} (float32, float16, bfloat16, float64)"
             )
-        if self.warmup < 0 or self.iters < 1 or self.repeats < 1:
+        if self.repeats < 1:
+            raise InputError("repeats", f"must be >= 1, got {self.repeats}")
+        if self.warmup < 0 or self.iters < 1:
             raise InputError("iters", "need warmup >= 0, iters >= 1 and repeats >= 1")
 
 
