@@ -11,10 +11,11 @@ which launched the kernels.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pandas as pd
 from calib.ingest.collective_calls import _decode_many
-from calib.ingest.events import Events
+from calib.ingest.events import Events, _Codes
 from calib.ingest.timeline import Timeline
 
 from calib.core.schema import empty_table
@@ -42,14 +43,30 @@ def compute(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
         return empty_table("gemms")
     ev_idx = tl.ops[sel]
     sel_names = ev.names[ev.name[ev_idx]]
-    dims = _decode_many(ev.arg(ev_idx, "input_dims"))
-    types = _decode_many(ev.arg(ev_idx, "input_type"))
-    m = np.full(len(sel), -1, dtype=np.int64)
+    # shapes per distinct (op name, Input Dims, Input type): a step repeats a few dozen
+    codes = _Codes()
+    inv = np.fromiter(
+        map(
+            codes.__getitem__,
+            zip(
+                ev.name[ev_idx].tolist(),
+                map(bytes, ev.arg(ev_idx, "input_dims")),
+                map(bytes, ev.arg(ev_idx, "input_type")),
+            ),
+        ),
+        dtype=np.int64,
+        count=len(ev_idx),
+    )
+    distinct = list(codes)
+    u_names = [ev.names[c] for c, _, _ in distinct]
+    dims = _decode_many([msgspec.Raw(d) for _, d, _ in distinct])
+    types = _decode_many([msgspec.Raw(t) for _, _, t in distinct])
+    m = np.full(len(distinct), -1, dtype=np.int64)
     n = m.copy()
     k = m.copy()
-    batch = np.ones(len(sel), dtype=np.int64)
+    batch = np.ones(len(distinct), dtype=np.int64)
     dtype = []
-    for j, (name, d, t) in enumerate(zip(sel_names, dims, types, strict=True)):
+    for j, (name, d, t) in enumerate(zip(u_names, dims, types, strict=True)):
         ia, ib = MATMUL_OPS[name]
         dtype.append(t[ia] if isinstance(t, list) and len(t) > ia and isinstance(t[ia], str) else None)
         if not (isinstance(d, list) and len(d) > ib):
@@ -59,6 +76,8 @@ def compute(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
             continue
         m[j], k[j], n[j] = a[-2], a[-1], b[-1]
         batch[j] = int(np.prod(a[:-2], dtype=np.int64)) if len(a) > 2 else 1
+    m, n, k, batch = m[inv], n[inv], k[inv], batch[inv]
+    dtype = [dtype[i] for i in inv.tolist()]
     ok = m >= 0
     if tl.device == "gpu":
         # device time of the kernels each op launched (act_launch_op indexes tl.ops)

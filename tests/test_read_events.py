@@ -57,3 +57,31 @@ def test_bad_times_found_in_any_block(tmp_path: Path) -> None:
     path.write_text(json.dumps({"traceEvents": events}))
     with pytest.raises(InputError, match="1 complete events have a missing, negative"):
         read_events(path)
+
+
+@pytest.mark.parametrize("layout", ["unusual_ph", "bare_list"])
+def test_generic_decoder_paths_code_the_same(tmp_path: Path, layout: str) -> None:
+    """An event phase the tagged union does not list (generic decoder) and a trace that is
+    a bare JSON list (no 'traceEvents' object) take the other decoders; same columns."""
+    events = [
+        {
+            "ph": "X",
+            "cat": "kernel" if i % 3 else "cpu_op",
+            "name": f"k{i % 5}",
+            "pid": i % 2,
+            "tid": 7,
+            "ts": float(i),
+            "dur": 0.25,
+            "args": {"correlation": i},
+        }
+        for i in range(5000)
+    ]
+    events.insert(
+        10, {"ph": "Z" if layout == "unusual_ph" else "i", "name": "odd", "pid": 0, "tid": 0, "ts": 1}
+    )
+    events.insert(20, {"ph": "M", "name": "thread_name", "pid": 0, "tid": 7, "args": {"name": "main"}})
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(events if layout == "bare_list" else {"traceEvents": events}))
+    raw, ev = read_events(path)
+    assert_same_events(normalise(read_trace(path)), ev)
+    assert ev.thread_names[0] == "main" and len(ev) == 5000
