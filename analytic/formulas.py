@@ -144,7 +144,7 @@ def vector_traffic_bytes_layer(
     seq_parallel: ArrayLike = False,
     recompute: ArrayLike = NONE,
     flash: ArrayLike = False,
-    passes: float = 5.0,
+    passes: ArrayLike = 5.0,
 ) -> np.ndarray:
     """HBM bytes the memory-bound (non-matmul) kernels of one layer move, fwd + bwd, per GPU.
 

@@ -50,6 +50,29 @@ class Plan:
     dist_opt: bool = False
     tp_overlap: bool = False
     master: int = 0  # master weights: 0 fp32, 1 bf16
+    tp_c: int = 1  # 2D TP (seed 002, analytic.tp2d): columns of the tp_r x tp_c grid; 1 = 1D TP
+    tp2d_kind: int = 0  # 0 seed 002's 2D table, 1 SUMMA
+    fused_layers: bool = False  # fused element-wise layers (Calculon's knob, seed 000)
+
+
+def _check_tp2d(model: ModelSpec, plan: Plan) -> None:
+    """A 2D TP grid's columns divide TP and the sequence, and its rows run sequence parallel."""
+    from calib.core.errors import InputError
+
+    c = plan.tp_c
+    if c < 1:
+        raise InputError("tp_c", f"must be a positive integer, got {c}")
+    if c > 1 and (plan.tp % c or model.seq_len % c):
+        raise InputError(
+            "tp_c",
+            f"{c} columns divide not TP={plan.tp} or not the sequence {model.seq_len} of {model.label}",
+        )
+    if c > 1 and not plan.seq_parallel:
+        raise InputError(
+            "tp_c", "a 2D TP grid splits the sequence: its rows run sequence parallel (seq_parallel)"
+        )
+    if plan.tp2d_kind not in (0, 1):
+        raise InputError("tp2d_kind", f"0 (2D table) or 1 (SUMMA), got {plan.tp2d_kind}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +88,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
 
         raise InputError("gpus", "give at least one GPU count")
     gpus = sorted(set(gpus))
+    _check_tp2d(model, plan)
     dps, batches = [], []
     for n in gpus:
         B = plan.global_batch or plan.micro_batch * (n // (plan.tp * plan.cp * plan.pp) or 1)
@@ -78,6 +102,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
         seq_parallel=plan.seq_parallel, dp_overlap=plan.dp_overlap, flash_attention=plan.flash_attention,
         cp=plan.cp, ep=plan.ep, cp_kind=plan.cp_kind, fp8=plan.fp8, schedule=plan.schedule,
         dist_opt=plan.dist_opt, tp_overlap=plan.tp_overlap, master=plan.master,
+        tp_c=plan.tp_c, tp2d_kind=plan.tp2d_kind, fused_layers=plan.fused_layers,
     )  # fmt: skip
     for i in range(len(gpus)):
         check_modern(model, system.hw, st, i)

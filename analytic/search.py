@@ -64,6 +64,8 @@ class Space:
     #: (1 = 1D TP; each must divide TP and the sequence) and the grid's kind (0 2D table, 1 SUMMA)
     tp_c: tuple[int, ...] = (1,)
     tp2d_kind: int = 0
+    #: Calculon's fused layers (seed 000): fused element-wise kernels, off and/or on
+    fused_layers: tuple[bool, ...] = (False,)
     #: placement axis (seed 002): NVLink domain size; every strategy is timed under its best
     #: placement of the TP/CP/DP/PP groups on domains of this many GPUs (analytic.placement)
     nvlink_domain: int | None = None
@@ -137,18 +139,19 @@ def layouts(
 
 
 #: option axes of the search grid, after the layout axis 0
-OPTION_AXES = ("zero", "recompute", "seq_parallel", "dp_overlap")
+OPTION_AXES = ("zero", "recompute", "seq_parallel", "dp_overlap", "fused_layers")
 
 
 def options(space: Space = Space()) -> dict[str, np.ndarray]:
-    """Each option as an array along its own axis (1..4) of the (layout, *options) grid.
+    """Each option as an array along its own axis (1..5) of the (layout, *options) grid.
 
     Keeping the options on separate axes lets broadcasting compute every intermediate at
     the shape it depends on: compute terms on (layout, recompute, SP), DP terms on
     (layout, ZeRO, recompute, overlap); only the final sums span the whole grid.
     """
     vals = {"zero": np.array(space.zero), "recompute": np.array(space.recompute),
-            "seq_parallel": np.array(space.seq_parallel, dtype=bool), "dp_overlap": np.array(space.dp_overlap, dtype=bool)}  # fmt: skip
+            "seq_parallel": np.array(space.seq_parallel, dtype=bool), "dp_overlap": np.array(space.dp_overlap, dtype=bool),
+            "fused_layers": np.array(space.fused_layers, dtype=bool)}  # fmt: skip
     out = {}
     for axis, name in enumerate(OPTION_AXES, start=1):
         shape = [1] * (len(OPTION_AXES) + 1)

@@ -15,7 +15,15 @@ from calib.analytic.specs import ModelSpec
 
 from calib.core.errors import InputError
 
-BOOL_FIELDS = ("seq_parallel", "dp_overlap", "flash_attention", "fp8", "dist_opt", "tp_overlap")
+BOOL_FIELDS = (
+    "seq_parallel",
+    "dp_overlap",
+    "flash_attention",
+    "fp8",
+    "dist_opt",
+    "tp_overlap",
+    "fused_layers",
+)
 
 
 @dataclass(frozen=True)
@@ -57,13 +65,16 @@ class Strategies:
     # table (weights over tp_r), 1 SUMMA (weights over the whole grid)
     tp_c: np.ndarray
     tp2d_kind: np.ndarray
+    # Calculon's "fused layers" (seed 000's strategy table): element-wise kernels fused
+    # (analytic.timemodel.FUSED_VECTOR_PASSES)
+    fused_layers: np.ndarray
 
     @classmethod
     def of(cls, **kw) -> Strategies:
         defaults = {
             "interleave": 1, "zero": 0, "recompute": 0, "seq_parallel": False, "dp_overlap": False,
             "flash_attention": False, "cp": 1, "ep": 1, "cp_kind": 0, "fp8": False, "schedule": 0,
-            "dist_opt": False, "tp_overlap": False, "master": 0, "tp_c": 1, "tp2d_kind": 0,
+            "dist_opt": False, "tp_overlap": False, "master": 0, "tp_c": 1, "tp2d_kind": 0, "fused_layers": False,
         }  # fmt: skip
         vals = {**defaults, **kw}
         out = {}

@@ -46,6 +46,13 @@ from calib.core.devices import same_device
 
 ADAM_STEP_BYTES_PER_PARAM = 28.0  # read+write fp32 master, m, v (24) + read grad (2) + write fp16 weight (2)
 VECTOR_PASSES = 5.0  # HBM traversals of the activation bytes by element-wise kernels (formulas)
+#: with fused element-wise layers (Calculon's "fused layers", seed 000; Megatron's fused
+#: bias-GeLU, bias-dropout-add and scale-mask-softmax kernels) a kept tensor is written once
+#: in forward (its consumer reads it in registers) and read once in backward, and its
+#: gradient goes on in registers to the next fused op: written once, not written and read.
+#: 3 of the 5 traversals remain (calib's pass count, not a published number; the
+#: recompute re-run keeps its 2/5 share).
+FUSED_VECTOR_PASSES = 3.0
 
 #: output columns in display order (all per iteration, per GPU unless named otherwise)
 TIME_KEYS = (
@@ -220,7 +227,11 @@ def evaluate(
 
     # ranks sharing a node's compute slots run everything that much slower (1 on GPUs)
     share = system.node_share(t * st.cp * p * dp)
-    vec_passes = 0.0 if system.k2_covers_other_kernels else system.vector_passes
+    covered = system.k2_covers_other_kernels
+    # fused element-wise layers take FUSED_VECTOR_PASSES of the 5 traversals; with a traced
+    # k2 (unfused kernels inside it) the removed ones come off the kernel time instead
+    fuse_cut = np.where(st.fused_layers, VECTOR_PASSES - FUSED_VECTOR_PASSES, 0.0)
+    vec_passes = 0.0 if covered else np.maximum(system.vector_passes - fuse_cut, 0.0)
 
     # ---- compute, per layer and per micro-batch ----------------------------------------
     # (s_loc: the s / CP tokens of a GPU; ffn_c: dense MLP width averaged over MoE layers)
@@ -251,6 +262,9 @@ def evaluate(
         )
         layer_tr = share * (gemm + (vec_bytes + casts) / (hw.hbm_tbps * 1e12))
         layer_kernel = layer_tr / k2
+        if covered and np.any(st.fused_layers):
+            saved = F.vector_traffic_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, fuse_cut)
+            layer_kernel = np.maximum(layer_tr, layer_kernel - share * saved / (hw.hbm_tbps * 1e12))
         layer_compute = layer_kernel / k1
 
         x_head = f_head / 3.0

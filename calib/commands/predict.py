@@ -90,6 +90,13 @@ Example:
     help="Overlap DP/ZeRO collectives with backward (and ZeRO-3 forward) compute.",
 )
 @click.option("--flash-attention", is_flag=True, help="Fused attention: no s x s activations kept or moved.")
+@click.option("--fused-layers", is_flag=True,
+              help="Fused element-wise layers (Calculon's knob): 3 of the 5 activation passes remain.")  # fmt: skip
+@click.option("--tp-cols", "tp_cols", type=Int(1), default=1, show_default=True,
+              help="2D tensor parallelism (seed 002): columns tp_c of the tp_r x tp_c TP grid (1 = 1D TP; "
+              "must divide TP and the sequence; needs --seq-parallel).")  # fmt: skip
+@click.option("--tp2d-kind", type=Choice(("2d", "summa")), default="2d", show_default=True,
+              help="2D TP grid: seed 002's 2D table (weights over the rows) or SUMMA (weights over the grid).")  # fmt: skip
 @click.option(
     "--ranks-per-node",
     type=Int(1),
@@ -130,7 +137,7 @@ Example:
 )
 def predict(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus, zero,
             tp, pp, interleave, micro_batch, global_batch, recompute, seq_parallel, dp_overlap, flash_attention,
-            ranks_per_node, energy, tokens, price_per_gpu_hour, dtype, power_file, as_json, as_csv, out,
+            fused_layers, tp_cols, tp2d_kind, ranks_per_node, energy, tokens, price_per_gpu_hour, dtype, power_file, as_json, as_csv, out,
             **shape):  # fmt: skip
     from calib.analytic.formulas import recompute_code
     from calib.analytic.predict import Plan
@@ -142,10 +149,12 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
         raise InputError("--json", "give either --json or --csv")
     moe, stack = pop_moe(shape), pop_stack(shape)
     model = apply_moe(resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape), **moe)
+    _check_tp_cols(model, tp, tp_cols, seq_parallel)
     machine, notes = resolve_system(system, calibration, hardware, store, ranks_per_node=ranks_per_node)
     plan = Plan(tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, global_batch=global_batch,
                 recompute=recompute_code(recompute), seq_parallel=seq_parallel, interleave=interleave,
-                dp_overlap=dp_overlap, flash_attention=flash_attention, **stack)  # fmt: skip
+                dp_overlap=dp_overlap, flash_attention=flash_attention, fused_layers=fused_layers, tp_c=tp_cols,
+                tp2d_kind=("2d", "summa").index(tp2d_kind), **stack)  # fmt: skip
     result = run_predict(model, machine, parse_gpus(require(gpus, "--gpus")), plan)
     notes = notes + result.notes
     if energy:
@@ -174,6 +183,8 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
             + (" +SP" if seq_parallel else "")
             + (" +DP-overlap" if dp_overlap else "")
             + (" +flash" if flash_attention else "")
+            + (" +fused-layers" if fused_layers else "")
+            + (f" TP grid {tp // tp_cols}x{tp_cols} ({tp2d_kind})" if tp_cols > 1 else "")
             + stack_label(stack),
         ]
         text = output.predict_text(result.table, header, notes)
@@ -184,3 +195,17 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
     text = output.emit(text, out)
     if text is not None:
         click.echo(text, nl=False)
+
+
+def _check_tp_cols(model, tp: int, cols: int, seq_parallel: bool) -> None:
+    """The 2D TP grid's columns, refused as ``calib search`` refuses them (naming --tp-cols)."""
+    if cols > 1 and (model.seq_len % cols or tp % cols):
+        raise InputError(
+            "--tp-cols",
+            f"{cols} columns divide not TP={tp} or not the sequence {model.seq_len} of {model.label}",
+        )
+    if cols > 1 and not seq_parallel:
+        raise InputError(
+            "--tp-cols",
+            "a 2D TP grid splits the sequence: its rows run sequence parallel; add --seq-parallel",
+        )

@@ -127,6 +127,8 @@ Examples:
               "grid to consider, e.g. 1,2,4 (1 = 1D TP, the default; the columns split the sequence).")  # fmt: skip
 @click.option("--tp2d-kind", type=Choice(("2d", "summa")), default="2d", show_default=True,
               help="2D TP grid: seed 002's 2D table (weights over the rows) or SUMMA (weights over the grid).")  # fmt: skip
+@click.option("--fused-layers", "fused_layers", default="off", show_default=True,
+              help="Fused element-wise layers (Calculon's knob) to consider: off, on or on,off (an axis).")  # fmt: skip
 @click.option(
     "--objective",
     type=Choice(("time", "energy", "cost")),
@@ -178,7 +180,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     moe = pop_moe(shape)
     stack = {k: shape.pop(k) for k in ("cp_sizes", "cp_kind", "ep_sizes", "schedules", "precision",
                                        "master_weights", "distributed_optimizer", "tp_comm_overlap",
-                                       "uneven_pp", "tp_cols", "tp2d_kind")}  # fmt: skip
+                                       "uneven_pp", "tp_cols", "tp2d_kind", "fused_layers")}  # fmt: skip
     model = apply_moe(resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape), **moe)
     B = global_batch or model.global_batch
     if B is None:
@@ -207,6 +209,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         uneven_pp=stack["uneven_pp"],
         tp_c=parse_list(stack["tp_cols"], "--tp-cols", (1,)),
         tp2d_kind=("2d", "summa").index(stack["tp2d_kind"]),
+        fused_layers=parse_on_off(stack["fused_layers"], "--fused-layers"),
     )
     _check_axes(model, space)
     if space.fp8 and not machine.hw.peak_fp8_tflops:
@@ -271,6 +274,14 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     text = output.emit(text, out)
     if text is not None:
         click.echo(text, nl=False)
+
+
+def parse_on_off(text: str, option: str) -> tuple[bool, ...]:
+    """'on', 'off' or 'on,off' as the values of a boolean search axis."""
+    words = {w.strip().lower() for w in text.split(",") if w.strip()}
+    if not words or not words <= {"on", "off"}:
+        raise InputError(option, f"expected on, off or on,off, got '{text}'")
+    return tuple(sorted(w == "on" for w in words))
 
 
 def _check_axes(model, space) -> None:
