@@ -34,6 +34,7 @@ FLAGS: dict[str, str] = {
     "cp": "--cp",
     "cp_kind": "--cp-kind",
     "tp_c": "--tp-cols",
+    "tp2d_kind": "--tp2d-kind",
     "ep": "--ep",
     "schedule": "--schedule",
     "fp8": "--precision",
