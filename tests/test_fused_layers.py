@@ -103,3 +103,19 @@ def test_predict_2d_tp_errors_and_summa():
     assert two.mem_weights_gb == pytest.approx(2.0 * summa.mem_weights_gb)
     with pytest.raises(InputError, match="tp_c"):
         predict(vit, sysb, [256], Plan(**plan, tp_c=32))
+
+
+def test_fused_layers_with_a_traced_k2_takes_the_passes_off_the_kernel_time():
+    """A k2 fitted on traces holds the (unfused) element-wise kernels in its 1 - k2 share: the
+    traffic term is left out and fusion's 2 passes come off the kernel time instead."""
+    cal = SYS.cal
+    k2 = cal.k2_curve
+    traced = System(replace(cal, k2_curve=replace(k2, y_max=replace(k2.y_max, status="fitted"))), H100)
+    assert traced.k2_covers_other_kernels
+    kw = dict(tp=1, pp=1, dp=1, micro_batch=1, global_batch=4)
+    off = evaluate(GPT1, traced, Strategies.of(**kw))
+    on = evaluate(GPT1, traced, Strategies.of(**kw, fused_layers=True))
+    assert float(on["kernel_transformer_s"]) == float(off["kernel_transformer_s"])  # the GEMMs
+    x = F.forward_flops_layer(1, 2048, 12288) / 6.0
+    saved = 4 * 2 * 2_868_903_936 / 3.35e12  # the same 2 passes as above: 6.851 ms
+    assert float(off["iter_s"] - on["iter_s"]) == pytest.approx(saved / float(cal.k1(x)), rel=1e-9)
