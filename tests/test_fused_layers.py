@@ -119,3 +119,16 @@ def test_fused_layers_with_a_traced_k2_takes_the_passes_off_the_kernel_time():
     x = F.forward_flops_layer(1, 2048, 12288) / 6.0
     saved = 4 * 2 * 2_868_903_936 / 3.35e12  # the same 2 passes as above: 6.851 ms
     assert float(off["iter_s"] - on["iter_s"]) == pytest.approx(saved / float(cal.k1(x)), rel=1e-9)
+
+
+def test_api_predict_and_search_take_the_knobs():
+    from calib.api import SystemModel
+
+    sm = SystemModel.from_hardware("dgx-h100")
+    kw = dict(tp=8, micro_batch=1, global_batch=64)
+    off = sm.predict("gpt3-13b", 64, **kw).table.iloc[0]
+    on = sm.predict("gpt3-13b", 64, **kw, fused_layers=True).table.iloc[0]
+    grid = sm.predict("gpt3-13b", 64, **kw, seq_parallel=True, tp_c=2).table.iloc[0]
+    assert on.iter_s < off.iter_s and grid.iter_s > 0
+    res = sm.search("gpt3-13b", 64, global_batch=256, top=1, fused_layers=(False, True))
+    assert bool(res.top.iloc[0].fused_layers)
