@@ -127,6 +127,10 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     df["mfu"] = r["mfu"]
     df = df.assign(**scaling(df))
     notes = [f"scaling relative to {gpus[0]} GPUs", *stack_notes(model, plan, system)]
+    if plan.fused_layers and system.device_model is not None:
+        notes.append(
+            "fused layers: not applied -- the device model's layer terms are fitted on the traced kernels"
+        )
     band = iter_interval(model, system, st, df["iter_s"].to_numpy())
     if band is not None:
         df.insert(df.columns.get_loc("iter_s") + 1, "iter_s_lo", band[0])
