@@ -36,3 +36,21 @@ def ingested():
         return cache[key]
 
     return get
+
+
+def run(*args: str):
+    """``calib ARGS`` in-process; exceptions propagate (InputError included)."""
+    from click.testing import CliRunner
+
+    from calib.cli import cli
+
+    return CliRunner().invoke(cli, list(args), standalone_mode=False, catch_exceptions=False)
+
+
+def bad(*args: str):
+    """The InputError ``calib ARGS`` raises (fails the test when it raises none)."""
+    from calib.core.errors import InputError
+
+    with pytest.raises(InputError) as exc:
+        run(*args)
+    return exc.value

@@ -10,23 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 
-from calib.cli import cli
-from calib.core.errors import InputError
+from tests.conftest import bad, run
 
 ROOT = Path(__file__).parents[1]
 SC21 = ROOT / "fixtures" / "published" / "megatron_sc21_table1_weak_scaling.csv"
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), standalone_mode=False, catch_exceptions=False)
-
-
-def bad(*args: str) -> InputError:
-    with pytest.raises(InputError) as exc:
-        run(*args)
-    return exc.value
 
 
 def test_predict_table_json_csv():

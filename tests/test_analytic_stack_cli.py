@@ -12,17 +12,12 @@ from calib.analytic.machine import default_calibration
 from calib.analytic.search import Space, layouts, search
 from calib.analytic.specs import load_hardware, load_model
 from calib.analytic.timemodel import System
-from click.testing import CliRunner
 
-from calib.cli import cli
 from calib.core.errors import InputError
+from tests.conftest import run
 
 H100 = load_hardware("dgx-h100")
 SYS = System(default_calibration(H100), H100)
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), standalone_mode=False, catch_exceptions=False)
 
 
 def _divs(n: int) -> list[int]:

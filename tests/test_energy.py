@@ -11,16 +11,11 @@ from calib.analytic.machine import build_system
 from calib.analytic.specs import ModelSpec, load_hardware
 from calib.analytic.strategy import Strategies
 from calib.analytic.timemodel import evaluate
-from click.testing import CliRunner
 
-from calib.cli import cli
 from calib.core.errors import InputError
+from tests.conftest import run
 
 A100 = load_hardware("polaris")  # NVIDIA A100-SXM4-40GB
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), standalone_mode=False, catch_exceptions=False)
 
 
 def test_a100_numbers_are_seed_003_table():

@@ -6,17 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from calib.cli import cli
 from calib.core.errors import InputError
+from tests.conftest import run
 
 ROOT = Path(__file__).parents[1]
 SAMPLES = ROOT / "fixtures" / "power" / "nvml_samples_a100.csv"  # static 60 W, dynamic 300 W (README.md)
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), standalone_mode=False, catch_exceptions=False)
 
 
 def test_fit_power_recovers_the_documented_values(tmp_path: Path) -> None:

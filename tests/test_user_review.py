@@ -10,25 +10,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 
-from calib.cli import cli
 from calib.core.errors import InputError
+from tests.conftest import bad, run
 
 ROOT = Path(__file__).parents[1]
 PARTS = ("kernel_transformer_s", "kernel_other_s", "dispatch_intra_s", "dispatch_inter_s", "tp_s", "pp_s",
          "ep_cp_exposed_s", "dp_allreduce_exposed_s", "dp_allgather_exposed_s", "dp_reducescatter_exposed_s",
          "bubble_s", "optimizer_s")  # fmt: skip
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), standalone_mode=False, catch_exceptions=False)
-
-
-def bad(*args: str) -> InputError:
-    with pytest.raises(InputError) as exc:
-        run(*args)
-    return exc.value
 
 
 def predict_json(*args: str) -> dict:

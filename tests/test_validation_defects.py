@@ -21,25 +21,14 @@ from calib.analytic import zero_overlap as ZO
 from calib.analytic.memory import overflow_term
 from calib.analytic.validate import select_rows, validate
 from calib.analytic.vtable import read_table
-from click.testing import CliRunner
 
-from calib.cli import cli
 from calib.core.errors import InputError
+from tests.conftest import bad, run
 
 PUB = Path(__file__).parents[1] / "fixtures" / "published"
 SC21 = PUB / "megatron_sc21_table1_weak_scaling.csv"
 MLM = PUB / "megatron_readme_2020_tp_dp_scaling_iteration_times.csv"
 MOSAIC = PUB / "mosaicml_llmfoundry_fsdp_a100.csv"
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), standalone_mode=False, catch_exceptions=False)
-
-
-def bad(*args: str) -> InputError:
-    with pytest.raises(InputError) as exc:
-        run(*args)
-    return exc.value
 
 
 def _mosaic(tmp_path: Path, **cols) -> Path:
