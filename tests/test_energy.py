@@ -176,3 +176,12 @@ def test_capped_bisection_matches_the_clock_sweep():
     sweep = energy_columns(p, hot, np.array([1, 1]), 1.0)
     # the bisection's clock lies within one 15 MHz-equivalent step of the sweep's
     assert c["time_s"][1] == pytest.approx(sweep["time_s_at_clock"][1], rel=0.02)
+
+
+def test_cli_dtype_choices_are_the_energy_model_dtypes():
+    """predict/search offer exactly the data types the energy model has an energy per FLOP for."""
+    from calib.analytic.energy import DTYPES
+
+    from calib.commands.stack_options import ENERGY_DTYPES
+
+    assert sorted(ENERGY_DTYPES) == sorted(DTYPES)

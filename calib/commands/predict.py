@@ -15,6 +15,7 @@ from calib.commands.options import (
 )
 from calib.commands.stack_options import (
     apply_moe,
+    energy_options,
     moe_model_options,
     pop_moe,
     pop_stack,
@@ -113,20 +114,7 @@ Example:
 @click.option(
     "--price-per-gpu-hour", type=float, help="Price of one GPU-hour (with --energy --tokens): cost."
 )
-@click.option(
-    "--dtype",
-    type=Choice(("bf16", "fp16", "fp8", "tf32", "fp32", "int8")),
-    default="bf16",
-    show_default=True,
-    help="Matmul data type for the energy per FLOP (with --energy).",
-)
-@click.option(
-    "--power",
-    "power_file",
-    metavar="FILE",
-    help="Fitted power JSON (calib fit --power); default: "
-    "the system's stored one, else datasheet values (status default).",
-)
+@energy_options("--energy")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (every column, units in the names).")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV (one row per GPU count).")
 @click.option(

@@ -16,6 +16,7 @@ from calib.commands.options import (
 from calib.commands.stack_options import (
     SCHEDULE_HELP,
     apply_moe,
+    energy_options,
     moe_model_options,
     parse_list,
     parse_schedules,
@@ -137,14 +138,7 @@ Examples:
     help="Rank by iteration time, energy per token (datasheet or fitted power, docs/energy.md) or cost "
     "(GPU-seconds per token, i.e. GPU-hours x price for a fixed token budget).",
 )
-@click.option(
-    "--dtype",
-    type=Choice(("bf16", "fp16", "fp8", "tf32", "fp32", "int8")),
-    default="bf16",
-    show_default=True,
-    help="Matmul data type for the energy per FLOP (with --objective energy).",
-)
-@click.option("--power", "power_file", metavar="FILE", help="Fitted power JSON (calib fit --power).")
+@energy_options("--objective energy")
 @click.option(
     "--nvlink-domain",
     type=Int(1),

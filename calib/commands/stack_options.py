@@ -96,6 +96,32 @@ MOE_FLAGS = {"n_experts": "--experts", "top_k": "--top-k", "expert_ffn": "--expe
              "capacity_factor": "--capacity-factor"}  # fmt: skip
 
 
+#: matmul data types with an energy per FLOP (analytic.energy.DTYPES)
+ENERGY_DTYPES = ("bf16", "fp16", "fp8", "tf32", "fp32", "int8")
+
+
+def energy_options(needs: str):
+    """``--dtype`` and ``--power`` of predict and search; ``needs`` names the option they go with."""
+
+    def wrap(f):
+        f = click.option(
+            "--power",
+            "power_file",
+            metavar="FILE",
+            help=f"Fitted power JSON (calib fit --power; with {needs}); default: the system's stored one, "
+            "else datasheet values (status default).",
+        )(f)
+        return click.option(
+            "--dtype",
+            type=Choice(ENERGY_DTYPES),
+            default="bf16",
+            show_default=True,
+            help=f"Matmul data type for the energy per FLOP (with {needs}).",
+        )(f)
+
+    return wrap
+
+
 def stack_options(f):
     """``calib predict``: one value each."""
     for opt in reversed(
