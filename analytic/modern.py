@@ -14,13 +14,14 @@ from __future__ import annotations
 import numpy as np
 from calib.analytic import context as CP
 from calib.analytic import formulas as F
+from calib.analytic import hybrid as HY
 from calib.analytic import moe as MOE
 from calib.analytic import overlap as OV
 from calib.analytic import precision as PR
 from calib.analytic.bubble import DUALPIPE, ZB_H1, in_flight_scale, param_copies
 from calib.analytic.comm import group_time_s, members_per_node
 
-from calib.core.collective_names import ALLGATHER, ALLTOALL, REDUCESCATTER, SENDRECV
+from calib.core.collective_names import ALLGATHER, ALLREDUCE, ALLTOALL, REDUCESCATTER, SENDRECV
 from calib.core.errors import InputError
 
 
@@ -96,10 +97,19 @@ def moe_params(model, d, t, p, ep, mats) -> tuple[np.ndarray, np.ndarray]:
     return MOE.params_split(model, d, t, p, ep, mats)
 
 
-def groups(st) -> tuple[np.ndarray, np.ndarray]:
+def full_groups(st) -> tuple[np.ndarray, np.ndarray]:
     """(dense gradient group d c, expert gradient group t c d / ep)."""
     t, cp, dp, ep = (x.astype(float) for x in (st.tp, st.cp, st.dp, st.ep))
     return dp * cp, t * cp * dp / ep
+
+
+def groups(st) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, expert) groups the ZeRO states are sharded over: the full groups, or their
+    shard groups under hybrid sharding (analytic.hybrid)."""
+    g_dense, g_exp = full_groups(st)
+    if not np.any(HY.is_hybrid(st)):
+        return g_dense, g_exp
+    return HY.shard_sizes(st, g_dense, g_exp)
 
 
 def _many(cal, coll, *parts) -> list[np.ndarray]:
@@ -114,13 +124,30 @@ def _many(cal, coll, *parts) -> list[np.ndarray]:
 
 def dp_time_s(cal, gpn, coll, dense_bytes, expert_bytes, st) -> np.ndarray:
     """One DP collective over the dense buffer (d c ranks, t apart) and, for MoE, the expert
-    buffer (EDP ranks, ep apart)."""
+    buffer (EDP ranks, ep apart); under hybrid sharding over the shard groups."""
     g_dense, g_exp = groups(st)
     t, ep = st.tp.astype(float), st.ep.astype(float)
     dense = (dense_bytes, g_dense, members_per_node(g_dense, t, gpn))
     if not np.any(np.asarray(expert_bytes) > 0):
         return group_time_s(cal, coll, *dense)
     a, b = _many(cal, coll, dense, (expert_bytes, g_exp, members_per_node(g_exp, ep, gpn)))
+    return a + b
+
+
+def replica_allreduce_s(cal, gpn, dense_bytes, expert_bytes, st) -> np.ndarray:
+    """Hybrid sharding: the all-reduce of each rank's 1 / g_s gradient shard across the
+    r = g / g_s replicas (ranks g_s apart); zero where the state is sharded over the whole
+    group (analytic.hybrid)."""
+    if not np.any(HY.is_hybrid(st)):
+        return np.zeros(np.broadcast_shapes(np.shape(dense_bytes), st.shape))
+    (f_dense, f_exp), (s_dense, s_exp) = full_groups(st), groups(st)
+    t, ep = st.tp.astype(float), st.ep.astype(float)
+    r_dense, r_exp = f_dense / s_dense, f_exp / s_exp
+    dense = (np.asarray(dense_bytes) / s_dense, r_dense, members_per_node(r_dense, t * s_dense, gpn))
+    if not np.any(np.asarray(expert_bytes) > 0):
+        return group_time_s(cal, ALLREDUCE, *dense)
+    exp = (np.asarray(expert_bytes) / s_exp, r_exp, members_per_node(r_exp, ep * s_exp, gpn))
+    a, b = _many(cal, ALLREDUCE, dense, exp)
     return a + b
 
 

@@ -18,11 +18,12 @@ Each adapter states what the table does not say and where the missing knob comes
   (A100 40GB, the only A100 of 2020).
 * ``mosaicml``  llm-foundry FSDP benchmark: each row's own ``Sharding Strategy``
   (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2, NO_SHARD = DDP, i.e. ZeRO-0; PyTorch
-  FSDP docs) with prefetch / bucketed overlap (dp_overlap), activation checkpointing =
-  full recompute, triton flash attention (the mpt yamls' attn_impl), model shapes of the
-  mpt-* presets, and the ``GPU`` column mapped by exact name (``_MOSAIC_GPU``).  An unknown
-  GPU, a sharding strategy the model cannot express (HYBRID_SHARD: sharded inside a node,
-  replicated across nodes) or CPU-offloaded activations is an error naming the value.
+  FSDP docs; HYBRID_SHARD / _HYBRID_SHARD_ZERO2 = ZeRO-3 / ZeRO-2 sharded inside a node
+  and replicated across nodes, analytic.hybrid) with prefetch / bucketed overlap
+  (dp_overlap), activation checkpointing = full recompute, triton flash attention (the mpt
+  yamls' attn_impl), model shapes of the mpt-* presets, and the ``GPU`` column mapped by
+  exact name (``_MOSAIC_GPU``).  An unknown GPU or sharding strategy, or CPU-offloaded
+  activations, is an error naming the value.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from calib.analytic.specs import load_model
+from calib.analytic.specs import load_hardware, load_model
 
 from calib.core.errors import InputError
 
@@ -150,9 +151,21 @@ def _megatron2020(df: pd.DataFrame) -> pd.DataFrame:
 _MOSAIC_GPU = {"a100_40gb": "dgx-a100-40gb", "a100_80gb": "dgx-a100-80gb", "h100_80gb": "dgx-h100"}
 #: FSDP ShardingStrategy -> ZeRO stage (PyTorch FSDP docs: FULL_SHARD shards parameters,
 #: gradients and optimizer states; SHARD_GRAD_OP gradients and optimizer states; NO_SHARD
-#: is DDP).  HYBRID_SHARD / _HYBRID_SHARD_ZERO2 shard inside a node only: not expressible.
-_MOSAIC_SHARDING = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0}
+#: is DDP).  HYBRID_SHARD / _HYBRID_SHARD_ZERO2 shard inside a node and replicate across
+#: nodes (analytic.hybrid): the shard group is the preset's GPUs per node (FSDP's default).
+_MOSAIC_SHARDING = {
+    "FULL_SHARD": 3,
+    "SHARD_GRAD_OP": 2,
+    "NO_SHARD": 0,
+    "HYBRID_SHARD": 3,
+    "_HYBRID_SHARD_ZERO2": 2,
+}
+_MOSAIC_HYBRID = {"HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"}
 _MOSAIC_PRECISION = {"bf16", "amp_bf16", "fp16", "amp_fp16"}
+
+
+def _gpus_per_node(preset: str) -> int:
+    return int(load_hardware(preset).gpus_per_node)
 
 
 def _known(values: pd.Series, known, column: str) -> None:
@@ -190,6 +203,7 @@ def _mosaicml(df: pd.DataFrame) -> pd.DataFrame:
         "gpus": df["# GPUs"], "tp": 1, "pp": 1, "dp": df["# GPUs"],
         "micro_batch": df["MicroBatchSize"], "global_batch": df["GlobalBatchSize"],
         "zero": sharding.map(_MOSAIC_SHARDING), "recompute": np.where(ckpt, "full", "none"),
+        "shard_group": np.where(sharding.isin(_MOSAIC_HYBRID), gpu.map(_MOSAIC_GPU).map(_gpus_per_node), 0),
         "seq_parallel": False, "dp_overlap": True, "flash_attention": True,
         "measured_tokens_per_s_per_gpu": df["Throughput (T/s/GPU)"],
         "group": gpu, "source": df["source"],

@@ -68,6 +68,10 @@ class Strategies:
     # Calculon's "fused layers" (seed 000's strategy table): element-wise kernels fused
     # (analytic.timemodel.FUSED_VECTOR_PASSES)
     fused_layers: np.ndarray
+    # hybrid sharding (FSDP HYBRID_SHARD / _HYBRID_SHARD_ZERO2, DeepSpeed MiCS): ZeRO-2/3
+    # states sharded over ``shard`` consecutive DP ranks and replicated across the
+    # d c / shard groups (analytic.hybrid); 0 = sharded over the whole DP group
+    shard: np.ndarray
 
     @classmethod
     def of(cls, **kw) -> Strategies:
@@ -75,6 +79,7 @@ class Strategies:
             "interleave": 1, "zero": 0, "recompute": 0, "seq_parallel": False, "dp_overlap": False,
             "flash_attention": False, "cp": 1, "ep": 1, "cp_kind": 0, "fp8": False, "schedule": 0,
             "dist_opt": False, "tp_overlap": False, "master": 0, "tp_c": 1, "tp2d_kind": 0, "fused_layers": False,
+            "shard": 0,
         }  # fmt: skip
         vals = {**defaults, **kw}
         out = {}
@@ -121,6 +126,7 @@ def check_config(
     recompute: int = 0,
     seq_parallel: bool = False,
     cp: int = 1,
+    shard: int = 0,
 ) -> int:
     """Validate one configuration; return its DP size.  Raise InputError naming the rule."""
     where = f"{gpus} GPUs"
@@ -176,6 +182,16 @@ def check_config(
         )
     if seq_parallel and tp == 1:
         raise InputError("seq_parallel", "sequence parallelism needs TP > 1")
+    if shard < 0:
+        raise InputError("shard", f"must be 0 (the whole DP group) or a positive group size, got {shard}")
+    if shard > 0 and zero < 2:
+        raise InputError(
+            "shard", f"a shard group (hybrid sharding) shards ZeRO-2/3 states; ZeRO-{zero} given"
+        )
+    if shard > 0 and (dp * cp) % shard:
+        raise InputError(
+            "shard", f"{where}: shard group {shard} does not divide the DP group of {dp * cp} ranks"
+        )
     return dp
 
 
@@ -189,6 +205,8 @@ def valid_mask(model, st: Strategies) -> np.ndarray:
     ok &= (v == 1) | ((pp > 1) & (v <= -(-L // np.maximum(pp, 1))) & (m % pp == 0))  # analytic.uneven
     ok &= (z <= 1) | (pp == 1)
     ok &= ~st.seq_parallel | (tp > 1)
+    g = dp * st.cp  # hybrid sharding: ZeRO-2/3 only, the shard group divides the DP group
+    ok &= (st.shard == 0) | ((z >= 2) & (st.shard > 0) & (g % np.maximum(st.shard, 1) == 0))
     # a 2D grid splits the sequence: tp_c | tp, tp_c | s, and the rows run sequence parallel
     ok &= (tp % st.tp_c == 0) & (model.seq_len % st.tp_c == 0) & ((st.tp_c == 1) | st.seq_parallel)
     from calib.analytic.modern import valid_mask_modern

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from calib.analytic import device_path as DP
 from calib.analytic import formulas as F
+from calib.analytic import hybrid as HY
 from calib.analytic import modern as X
 from calib.analytic import tp2d as T2
 from calib.analytic import uneven as U
@@ -184,6 +185,8 @@ def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) 
         "dp_reduce_s": dp_t(REDUCE),  # DeepSpeed ZeRO-2 issues reduces
         "dp_ag_z3_s": n_mod * dp_t(ALLGATHER, n_mod),
         "dp_rs_z3_s": n_mod * dp_t(REDUCESCATTER, n_mod),
+        # hybrid sharding: each module's gradient shard all-reduced across the replicas (analytic.hybrid)
+        "dp_hsdp_ar_s": n_mod * X.replica_allreduce_s(cal, gpn, grad_bytes / n_mod, exp_bytes / n_mod, st),
     }
     if np.any(st.tp_c > 1):  # 2D TP grids (seed 002): their own collectives (analytic.tp2d)
         g2 = T2.comm_times_2d(cal, gpn, st, b, s_loc, d, ffn_c, kv_frac, grad_bytes)
@@ -311,6 +314,7 @@ def evaluate(
     ar, ag, rs3, rs2 = c["dp_ar_s"], c["dp_ag_s"], c["dp_rs_s"], c["dp_reduce_s"]
     ag3, rs33 = c.get("dp_ag_z3_s", ag), c.get("dp_rs_z3_s", rs3)  # ZeRO-3: per-module collectives
     z = st.zero
+    rs2, rs33 = HY.gradient_sync_s(st, c, rs2, rs33)  # hybrid sharding: + the replicas' all-reduce
     n_ag_mb = np.where(full, 3.0, 2.0)  # ZeRO-3 gathers per micro-batch
     dp_ar = np.where(z <= 1, ar, 0.0)
     dp_ag = np.where(z == 1, ag, 0.0) + np.where(z == 2, ag, 0.0) + np.where(z == 3, m * n_ag_mb * ag3, 0.0)
@@ -353,7 +357,7 @@ def evaluate(
     # ---- memory per GPU ----------------------------------------------------------------
     if dm is not None:
         mem = DP.memory(
-            dm, fam, sh, dense_p, b, t, p, dp * st.cp, z, m, v, rc, sp, hw.runtime_reserve_gb * 1e9
+            dm, fam, sh, dense_p, b, t, p, X.groups(st)[0], z, m, v, rc, sp, hw.runtime_reserve_gb * 1e9
         )
         if st.is_modern or X.MOE.is_moe(model):
             mem = X.adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc)
@@ -364,7 +368,7 @@ def evaluate(
             mem = X.memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc,
                            hw.runtime_reserve_gb * 1e9, lg)  # fmt: skip
         else:
-            mem = memory_per_gpu(params_gpu, d, t, dp, z, acts, hw.runtime_reserve_gb * 1e9, lg)
+            mem = memory_per_gpu(params_gpu, d, t, X.groups(st)[0], z, acts, hw.runtime_reserve_gb * 1e9, lg)
     if lean:
         return {
             "iter_s": iter_s,

@@ -72,7 +72,7 @@ def strategies_of(df: pd.DataFrame) -> Strategies:
         seq_parallel=df["seq_parallel"].to_numpy(), dp_overlap=df["dp_overlap"].to_numpy(),
         flash_attention=df["flash_attention"].to_numpy(), cp=cp, ep=_col(df, "ep", 1),
         fp8=_col(df, "precision", "bf16") == "fp8", dist_opt=_col(df, "distributed_optimizer", False),
-        tp_overlap=_col(df, "tp_comm_overlap", False), **codes,
+        tp_overlap=_col(df, "tp_comm_overlap", False), shard=_col(df, "shard_group", 0), **codes,
     )  # fmt: skip
 
 
@@ -104,7 +104,7 @@ def check_rows(df: pd.DataFrame, where: str, systems: dict | None = None) -> Non
         try:
             check_config(spec, int(r["gpus"]), int(r["tp"]), int(r["pp"]), int(r["micro_batch"]), int(r["global_batch"]),
                          int(r["interleave"]), int(r["zero"]), F.RECOMPUTE_NAMES.index(r["recompute"]),
-                         bool(r["seq_parallel"]), int(st.cp[j]))  # fmt: skip
+                         bool(r["seq_parallel"]), int(st.cp[j]), int(st.shard[j]))  # fmt: skip
             hw = systems[r["hardware"]].hw if systems is not None else None
             check_modern(spec, hw, st, j)
         except InputError as exc:

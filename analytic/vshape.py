@@ -25,6 +25,8 @@ master_weights           fp32 | bf16 (fp32)
 schedule                 1f1b | zb-h1 | dualpipe (1f1b; interleaved with interleave > 1)
 distributed_optimizer    true/false: Megatron's distributed optimizer, needs zero = 1 (false)
 tp_comm_overlap          true/false: TP collectives overlapped with GEMMs (false)
+shard_group              hybrid sharding (FSDP HYBRID_SHARD, MiCS): ZeRO-2/3 states
+                         sharded over this many DP ranks (0 = the whole DP group)
 =======================  ===============================================================
 
 Layers not divisible by the pipeline stages are accepted as they are (analytic.uneven),
@@ -112,6 +114,10 @@ def normalise_stack(out: pd.DataFrame, where: str, ints, bools) -> pd.DataFrame:
         if (out[col] < 1).any():
             i = int(np.flatnonzero((out[col] < 1).to_numpy())[0])
             raise _row_error(where, i, f"column '{col}' must be at least 1")
+    if "shard_group" not in out.columns:  # blank = 0, the whole DP group
+        out["shard_group"] = 0
+    out["shard_group"] = out["shard_group"].where(~_blank(out["shard_group"]), 0)
+    out["shard_group"] = ints(out, "shard_group", where)
     for col in ("ffn", "kv_heads", "expert_ffn"):  # blank = the default of ModelSpec
         if col not in out.columns:
             out[col] = 0

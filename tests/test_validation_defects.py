@@ -55,10 +55,14 @@ def test_mosaic_models_each_rows_sharding(tmp_path):
         _mosaic(tmp_path, **{"Sharding Strategy": ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"]})
     )
     assert df["zero"].tolist() == [3, 2, 0]
+    # hybrid sharding: ZeRO-3 / ZeRO-2 inside a DGX node (8 GPUs), replicated across nodes
+    hybrid = {"Sharding Strategy": ["HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "FULL_SHARD"]}
+    df, _ = read_table(_mosaic(tmp_path, **hybrid))
+    assert df["zero"].tolist() == [3, 2, 3] and df["shard_group"].tolist() == [8, 8, 0]
     err = pytest.raises(
-        InputError, read_table, _mosaic(tmp_path, **{"Sharding Strategy": "HYBRID_SHARD"})
+        InputError, read_table, _mosaic(tmp_path, **{"Sharding Strategy": "HYBRID_SHARD_ZERO9"})
     ).value
-    assert "'HYBRID_SHARD'" in err.problem and "Sharding Strategy" in err.problem
+    assert "'HYBRID_SHARD_ZERO9'" in err.problem and "Sharding Strategy" in err.problem
 
 
 # ---- b. --hardware against the table's hardware column ------------------------------------

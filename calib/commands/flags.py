@@ -35,6 +35,7 @@ FLAGS: dict[str, str] = {
     "cp_kind": "--cp-kind",
     "tp_c": "--tp-cols",
     "tp2d_kind": "--tp2d-kind",
+    "shard": "--shard-group",
     "ep": "--ep",
     "schedule": "--schedule",
     "fp8": "--precision",

@@ -91,6 +91,9 @@ Example:
     help="Overlap DP/ZeRO collectives with backward (and ZeRO-3 forward) compute.",
 )
 @click.option("--flash-attention", is_flag=True, help="Fused attention: no s x s activations kept or moved.")
+@click.option("--shard-group", "shard", type=Int(0), default=0, show_default=True,
+              help="Hybrid sharding (FSDP HYBRID_SHARD, MiCS): ZeRO-2/3 states sharded over this many DP "
+              "ranks, replicated across groups (0 = the whole DP group; 8 = one DGX node).")  # fmt: skip
 @click.option("--fused-layers", is_flag=True,
               help="Fused element-wise layers (Calculon's knob): 3 of the 5 activation passes remain.")  # fmt: skip
 @click.option("--tp-cols", "tp_cols", type=Int(1), default=1, show_default=True,
@@ -125,7 +128,7 @@ Example:
 )
 def predict(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus, zero,
             tp, pp, interleave, micro_batch, global_batch, recompute, seq_parallel, dp_overlap, flash_attention,
-            fused_layers, tp_cols, tp2d_kind, ranks_per_node, energy, tokens, price_per_gpu_hour, dtype, power_file, as_json, as_csv, out,
+            shard, fused_layers, tp_cols, tp2d_kind, ranks_per_node, energy, tokens, price_per_gpu_hour, dtype, power_file, as_json, as_csv, out,
             **shape):  # fmt: skip
     from calib.analytic.formulas import recompute_code
     from calib.analytic.predict import Plan
@@ -142,7 +145,7 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
     plan = Plan(tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, global_batch=global_batch,
                 recompute=recompute_code(recompute), seq_parallel=seq_parallel, interleave=interleave,
                 dp_overlap=dp_overlap, flash_attention=flash_attention, fused_layers=fused_layers, tp_c=tp_cols,
-                tp2d_kind=("2d", "summa").index(tp2d_kind), **stack)  # fmt: skip
+                tp2d_kind=("2d", "summa").index(tp2d_kind), shard=shard, **stack)  # fmt: skip
     result = run_predict(model, machine, parse_gpus(require(gpus, "--gpus")), plan)
     notes = notes + result.notes
     if energy:
@@ -172,6 +175,7 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
             + (" +DP-overlap" if dp_overlap else "")
             + (" +flash" if flash_attention else "")
             + (" +fused-layers" if fused_layers else "")
+            + (f" shard-group={shard}" if shard else "")
             + (f" TP grid {tp // tp_cols}x{tp_cols} ({tp2d_kind})" if tp_cols > 1 else "")
             + stack_label(stack),
         ]
