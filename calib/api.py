@@ -277,7 +277,8 @@ class SystemModel(SeedsMixin):
         ``plan``: ``zero``, ``tp``, ``pp``, ``micro_batch``, ``global_batch``, ``interleave``,
         ``seq_parallel``, ``dp_overlap``, ``flash_attention``, and ``cp``, ``ep``, ``cp_kind``,
         ``fp8``, ``schedule``, ``dist_opt``, ``tp_overlap``, ``master``, 2D TP ``tp_c`` and
-        ``tp2d_kind``, ``fused_layers`` (codes as in :class:`calib.analytic.predict.Plan`).
+        ``tp2d_kind``, ``fused_layers``, hybrid sharding ``shard`` (codes as in
+        :class:`calib.analytic.predict.Plan`).
         """
         from calib.analytic.formulas import recompute_code
         from calib.analytic.predict import predict as run_predict
