@@ -175,11 +175,6 @@ def check_config(
                 "interleave",
                 f"{where}: the interleaved schedule needs micro-batches ({m}) divisible by PP={pp}",
             )
-    if zero >= 2 and pp > 1:
-        raise InputError(
-            "zero",
-            f"ZeRO-{zero} cannot be combined with pipeline parallelism (PP={pp}); DeepSpeed and Megatron support ZeRO-1 with PP",
-        )
     if seq_parallel and tp == 1:
         raise InputError("seq_parallel", "sequence parallelism needs TP > 1")
     if shard < 0:
@@ -203,7 +198,6 @@ def valid_mask(model, st: Strategies) -> np.ndarray:
     ok = (a % tp == 0) & (pp <= L) & (B % (dp * b) == 0) & (z >= 0) & (z <= 3)
     m = B // np.maximum(dp * b, 1)
     ok &= (v == 1) | ((pp > 1) & (v <= -(-L // np.maximum(pp, 1))) & (m % pp == 0))  # analytic.uneven
-    ok &= (z <= 1) | (pp == 1)
     ok &= ~st.seq_parallel | (tp > 1)
     g = dp * st.cp  # hybrid sharding: ZeRO-2/3 only, the shard group divides the DP group
     ok &= (st.shard == 0) | ((z >= 2) & (st.shard > 0) & (g % np.maximum(st.shard, 1) == 0))

@@ -16,8 +16,7 @@ The DP/ZeRO collectives run over the stage's parameter shard (see :mod:`analytic
 with ``dp_overlap`` they hide under backward (and, for ZeRO-3, forward) compute and
 only the excess is exposed.  Memory per GPU follows ZeRO's 16 bytes/parameter mixed
 precision Adam and Korthikanti et al.'s activations (:mod:`analytic.formulas`).
-Everything broadcasts, so the same code times one strategy or a grid of millions
-(:mod:`analytic.memory` for the memory terms).
+Everything broadcasts: the same code times one strategy or a grid of millions.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from calib.analytic import device_path as DP
 from calib.analytic import formulas as F
 from calib.analytic import hybrid as HY
 from calib.analytic import modern as X
+from calib.analytic import sharded_pp as SPP
 from calib.analytic import tp2d as T2
 from calib.analytic import uneven as U
 from calib.analytic import zero_overlap as ZO
@@ -47,12 +47,9 @@ from calib.core.devices import same_device
 
 ADAM_STEP_BYTES_PER_PARAM = 28.0  # read+write fp32 master, m, v (24) + read grad (2) + write fp16 weight (2)
 VECTOR_PASSES = 5.0  # HBM traversals of the activation bytes by element-wise kernels (formulas)
-#: with fused element-wise layers (Calculon's "fused layers", seed 000; Megatron's fused
-#: bias-GeLU, bias-dropout-add and scale-mask-softmax kernels) a kept tensor is written once
-#: in forward (its consumer reads it in registers) and read once in backward, and its
-#: gradient goes on in registers to the next fused op: written once, not written and read.
-#: 3 of the 5 traversals remain (calib's pass count, not a published number; the
-#: recompute re-run keeps its 2/5 share).
+#: fused element-wise layers (Calculon's knob, seed 000; Megatron's fused bias-GeLU etc.): a kept
+#: tensor is written once in forward and read once in backward, its gradient stays in registers:
+#: 3 of the 5 traversals remain (calib's count, not a published number; recompute keeps 2/5).
 FUSED_VECTOR_PASSES = 3.0
 
 #: output columns in display order (all per iteration, per GPU unless named otherwise)
@@ -330,10 +327,13 @@ def evaluate(
     # exposed DP time with overlap, per stage (the all-gather after the step never hides)
     ovl_total = np.select([z == 0, z == 1, z == 2], [ar_hidden, ar_hidden + ag, ag + rs2_exp], z3_exp)
     dp_exposed = np.where(ovl, ovl_total, dp_ar + dp_ag + dp_rs)
-    do = st.dist_opt  # Megatron's distributed optimizer: reduce-scatter + all-gather, fractional overlap
-    do_rs, do_ag = X.dist_opt_exposed(st, rs3, ag, bwd_window, fwd_window)
+    # Megatron's distributed optimizer, and ZeRO-2/3 with PP per module (analytic.sharded_pp):
+    # one reduce-scatter + one all-gather per step, fractional overlap
+    fp = SPP.active(st)
+    do, rs_do, ag_do = st.dist_opt | fp, np.where(fp, rs33, rs3), np.where(fp, ag3, ag)
+    do_rs, do_ag = X.dist_opt_exposed(st, rs_do, ag_do, bwd_window, fwd_window)
     dp_exposed = np.where(do, do_rs + do_ag, dp_exposed)
-    dp_ar, dp_rs = np.where(do, 0.0, dp_ar), np.where(do, rs3, dp_rs)
+    dp_ar, dp_rs, dp_ag = np.where(do, 0.0, dp_ar), np.where(do, rs_do, dp_rs), np.where(fp, ag_do, dp_ag)
 
     # ---- optimizer step (memory bound) -------------------------------------------------
     opt_params = X.opt_params(st, dense_p, expert_p)
@@ -354,21 +354,22 @@ def evaluate(
     # the host issues every kernel: a step takes at least its issue time (device model only)
     iter_s = D.step_s(device_iter, host, dm) if dm is not None else device_iter
 
-    # ---- memory per GPU ----------------------------------------------------------------
+    # ---- memory per GPU (ZeRO-2/3 with PP hold ZeRO-1's states at the peak) -------------
+    sm, g_mem = SPP.memory_strategies(st), X.groups(st)[0]
     if dm is not None:
         mem = DP.memory(
-            dm, fam, sh, dense_p, b, t, p, X.groups(st)[0], z, m, v, rc, sp, hw.runtime_reserve_gb * 1e9
+            dm, fam, sh, dense_p, b, t, p, g_mem, sm.zero, m, v, rc, sp, hw.runtime_reserve_gb * 1e9
         )
         if st.is_modern or X.MOE.is_moe(model):
-            mem = X.adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc)
+            mem = X.adjust_dm_memory(mem, model, sm, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc)
     else:
         acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, logits=False)
         lg = logits_bytes(b, s_loc, V, t, p)
         if st.is_modern or X.MOE.is_moe(model):
-            mem = X.memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc,
+            mem = X.memory(model, sm, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc,
                            hw.runtime_reserve_gb * 1e9, lg)  # fmt: skip
         else:
-            mem = memory_per_gpu(params_gpu, d, t, X.groups(st)[0], z, acts, hw.runtime_reserve_gb * 1e9, lg)
+            mem = memory_per_gpu(params_gpu, d, t, g_mem, sm.zero, acts, hw.runtime_reserve_gb * 1e9, lg)
     if lean:
         return {
             "iter_s": iter_s,

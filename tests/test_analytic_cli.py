@@ -113,9 +113,9 @@ def test_predict_out_file_is_atomic(tmp_path):
             "v=15 exceeds the 14 layers of the largest pipeline stage",
         ),
         (
-            ["--zero", "3", "--pp", "2", "--gpus", "16"],
-            "--zero",
-            "cannot be combined with pipeline parallelism",
+            ["--zero", "1", "--shard-group", "4", "--gpus", "16"],
+            "--shard-group",
+            "shards ZeRO-2/3 states",
         ),
         (["--seq-parallel"], "--seq-parallel", "needs TP > 1"),
         (["--interleave", "2"], "--interleave", "needs PP > 1"),
