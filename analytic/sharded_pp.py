@@ -1,22 +1,27 @@
-"""ZeRO-2/3 combined with pipeline parallelism, as FSDP2 + torch.distributed.pipelining run it.
+"""ZeRO-3 combined with pipeline parallelism, as FSDP2 + torch.distributed.pipelining run it.
 
 DeepSpeed's pipeline engine refuses ZeRO-2/3, but PyTorch's pipelining schedules run
-FSDP(2)-sharded stages (torchtitan; Llama 3: "Our use of FSDP for Llama 3 shards optimizer
-states and gradients, but for model shards we do not reshard after forward computation
-to avoid an extra all-gather during backward", arXiv:2407.21783 sec. 3.3.2).  With many
-micro-batches per step a per-micro-batch gather/reduce-scatter would repeat the stage's
-whole parameter traffic m times, so the schedule
+FSDP2-sharded stages (torchtitan).  With many micro-batches per step a per-micro-batch
+gather/reduce-scatter would repeat the stage's whole parameter traffic m times, so for an
+FSDP module the schedule turns off resharding after backward and gradient sync for every
+micro-batch and runs the post-backward reduce once at the end
+(``torch.distributed.pipelining.stage``: ``set_reshard_after_backward(False)``,
+``set_requires_gradient_sync(False)``); torchtitan also turns off resharding after
+forward when PP is on.  Hence per step
 
-* keeps the stage's parameters unsharded after their first gather (reshard after
-  forward off), i.e. one parameter all-gather per step, per module;
-* syncs gradients only at the last micro-batch (``set_requires_gradient_sync`` off
-  before it), i.e. one reduce-scatter per step, per module -- over the shard group, plus
-  the replicas' all-reduce under hybrid sharding (analytic.hybrid).
+* one parameter all-gather per module (the first use; then kept unsharded);
+* one gradient reduce-scatter per module at the last micro-batch -- over the shard group,
+  plus the replicas' all-reduce under hybrid sharding (analytic.hybrid);
 
-Per step that is the distributed optimizer's traffic (reduce-scatter + all-gather, with
-its stated overlap fractions), issued module by module; at the step's peak the unsharded
-parameters and gradients are all resident, so the model states are ZeRO-1's:
-2 P + 2 P + 12 P / d (the sharded fp32 copy is the master weight of the 12).
+the distributed optimizer's traffic (with its stated overlap fractions), issued module
+by module; at the step's peak the unsharded parameters and gradients are all resident,
+so the model states are ZeRO-1's: 2 P + 2 P + 12 P / d (the sharded fp32 copy is the
+master weight of the 12).
+
+ZeRO-2 with PP keeps ZeRO-2's own semantics per stage -- gradients reduced and sharded
+per micro-batch, parameters whole -- which is what Llama 3 describes for its FSDP with
+PP 16: "shards optimizer states and gradients, but for model shards we do not reshard
+after forward computation" (arXiv:2407.21783 sec. 3.3.2).
 """
 
 from __future__ import annotations
@@ -27,13 +32,13 @@ import numpy as np
 
 
 def active(st) -> np.ndarray:
-    """True where ZeRO-2/3 runs with PP > 1 (the semantics above)."""
-    return (np.asarray(st.zero) >= 2) & (np.asarray(st.pp) > 1)
+    """True where ZeRO-3 runs with PP > 1 (the semantics above)."""
+    return (np.asarray(st.zero) == 3) & (np.asarray(st.pp) > 1)
 
 
 def memory_strategies(st):
     """``st`` with the ZeRO stage whose memory formula holds at the step's peak (ZeRO-1
-    for ZeRO-2/3 with PP, unchanged otherwise)."""
+    for ZeRO-3 with PP, unchanged otherwise)."""
     on = active(st)
     if not np.any(on):
         return st

@@ -327,7 +327,7 @@ def evaluate(
     # exposed DP time with overlap, per stage (the all-gather after the step never hides)
     ovl_total = np.select([z == 0, z == 1, z == 2], [ar_hidden, ar_hidden + ag, ag + rs2_exp], z3_exp)
     dp_exposed = np.where(ovl, ovl_total, dp_ar + dp_ag + dp_rs)
-    # Megatron's distributed optimizer, and ZeRO-2/3 with PP per module (analytic.sharded_pp):
+    # Megatron's distributed optimizer, and ZeRO-3 with PP per module (analytic.sharded_pp):
     # one reduce-scatter + one all-gather per step, fractional overlap
     fp = SPP.active(st)
     do, rs_do, ag_do = st.dist_opt | fp, np.where(fp, rs33, rs3), np.where(fp, ag3, ag)
@@ -354,7 +354,7 @@ def evaluate(
     # the host issues every kernel: a step takes at least its issue time (device model only)
     iter_s = D.step_s(device_iter, host, dm) if dm is not None else device_iter
 
-    # ---- memory per GPU (ZeRO-2/3 with PP hold ZeRO-1's states at the peak) -------------
+    # ---- memory per GPU (ZeRO-3 with PP holds ZeRO-1's states at the peak) --------------
     sm, g_mem = SPP.memory_strategies(st), X.groups(st)[0]
     if dm is not None:
         mem = DP.memory(

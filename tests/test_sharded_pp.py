@@ -1,9 +1,11 @@
-"""ZeRO-2/3 with pipeline parallelism (FSDP2 + torch pipelining, analytic.sharded_pp).
+"""ZeRO-2/3 with pipeline parallelism (analytic.sharded_pp).
 
-Hand-worked from the semantics (Llama 3, arXiv:2407.21783 sec. 3.3.2: parameters not
-resharded after forward; gradients synchronised at the last micro-batch): per step one
-parameter all-gather and one gradient reduce-scatter per module, whatever the number of
-micro-batches m, and ZeRO-1's model states at the step's peak (2 P + 2 P + 12 P / d).
+Hand-worked from the semantics: ZeRO-3 with PP as FSDP2 + torch pipelining run it (no
+resharding, gradient sync at the last micro-batch): per step one parameter all-gather and
+one gradient reduce-scatter per module whatever the number of micro-batches m, and
+ZeRO-1's model states at the step's peak (2 P + 2 P + 12 P / d).  ZeRO-2 with PP is
+ZeRO-2 per stage (Llama 3, arXiv:2407.21783 sec. 3.3.2): gradients reduced every
+micro-batch and sharded, 2 P + 2 P / d + 12 P / d.
 """
 
 from __future__ import annotations
@@ -32,27 +34,36 @@ def _stage_params(pp: int) -> float:
     return float(stage_params(m.d_model, m.n_layers, m.seq_len, m.vocab, 1.0, float(pp), ffn, kv, mats, tied))
 
 
-@pytest.mark.parametrize("zero", [2, 3])
-def test_one_gather_and_one_reduce_scatter_per_step(zero):
-    st = _st(zero, pp=4, m=8)
+def test_zero3_one_gather_and_one_reduce_scatter_per_step():
+    st = _st(3, pp=4, m=8)
     r, c = evaluate(MODEL, SYSTEM, st), comm_times(MODEL, SYSTEM, st)
-    # no overlap: the totals are the per-module collectives once per step, not m (or 2 m) times
+    # no overlap: the totals are the per-module collectives once per step, not m (or 3 m) times
     assert float(r["dp_allgather_s"]) == pytest.approx(float(c["dp_ag_z3_s"]), rel=1e-12)
     assert float(r["dp_reducescatter_s"]) == pytest.approx(float(c["dp_rs_z3_s"]), rel=1e-12)
     assert float(r["dp_allreduce_s"]) == 0.0
-    # the same ZeRO-3 without PP gathers twice (three times with full recompute) per micro-batch
+    # the same ZeRO-3 without PP gathers three times (full recompute) per micro-batch
     flat = evaluate(MODEL, SYSTEM, _st(3, pp=1, m=8, dp=32))
     c1 = comm_times(MODEL, SYSTEM, _st(3, pp=1, m=8, dp=32))
     assert float(flat["dp_allgather_s"]) == pytest.approx(8 * 3 * float(c1["dp_ag_z3_s"]), rel=1e-12)
 
 
-@pytest.mark.parametrize("zero", [2, 3])
-def test_model_states_are_zero1s_at_the_peak(zero):
+def test_zero3_model_states_are_zero1s_at_the_peak():
     P, d = _stage_params(4), 8
-    r = evaluate(MODEL, SYSTEM, _st(zero, pp=4))
+    r = evaluate(MODEL, SYSTEM, _st(3, pp=4))
     assert float(r["mem_weights_bytes"]) == pytest.approx(2.0 * P, rel=1e-9)
     assert float(r["mem_grads_bytes"]) == pytest.approx(2.0 * P, rel=1e-9)
     assert float(r["mem_optimizer_bytes"]) == pytest.approx(12.0 * P / d, rel=1e-9)
+
+
+def test_zero2_with_pp_is_zero2_per_stage():
+    P, d, m = _stage_params(4), 8, 8
+    st = _st(2, pp=4, m=m)
+    r, c = evaluate(MODEL, SYSTEM, st), comm_times(MODEL, SYSTEM, st)
+    assert float(r["mem_weights_bytes"]) == pytest.approx(2.0 * P, rel=1e-9)
+    assert float(r["mem_grads_bytes"]) == pytest.approx(2.0 * P / d, rel=1e-9)
+    assert float(r["mem_optimizer_bytes"]) == pytest.approx(12.0 * P / d, rel=1e-9)
+    assert float(r["dp_reducescatter_s"]) == pytest.approx(m * float(c["dp_reduce_s"]), rel=1e-12)
+    assert float(r["dp_allgather_s"]) == pytest.approx(float(c["dp_ag_s"]), rel=1e-12)
 
 
 def test_traffic_equals_the_distributed_optimizers_up_to_module_latency():
