@@ -110,6 +110,24 @@ def megatron_eq3_flops(B: ArrayLike, s: ArrayLike, d: ArrayLike, L: ArrayLike, V
 
 
 # ---- activations ---------------------------------------------------------------------
+#: bytes per s b d of a layer's kept activations that TP does not split without sequence
+#: parallelism: two layer-norm inputs (4), the attention and MLP inputs (4), two dropout masks (2)
+KEPT_REPLICATED = 10.0
+
+
+def kept_split_coeff(ffn_over_d: ArrayLike, kv_frac: ArrayLike, mats: ArrayLike) -> np.ndarray:
+    """Bytes per s b d of a layer's kept activations that TP splits: Q and the attention
+    output (4), K and V (4 kv/a), the MLP intermediates (2 mats f/d).  GPT: 24."""
+    f, kv, mt = (np.asarray(x, dtype=float) for x in (ffn_over_d, kv_frac, mats))
+    return 4.0 + 4.0 * kv + 2.0 * mt * f
+
+
+def mlp_kept_coeff(ffn_over_d: ArrayLike, mats: ArrayLike) -> np.ndarray:
+    """Bytes per s b d the MLP block keeps: its input (2), dropout mask (1), intermediates
+    (2 mats f/d).  GPT: 19 (Korthikanti sec. 4.1)."""
+    return 3.0 + 2.0 * np.asarray(mats, dtype=float) * np.asarray(ffn_over_d, dtype=float)
+
+
 def activation_bytes_layer(
     b: ArrayLike,
     s: ArrayLike,
@@ -119,18 +137,26 @@ def activation_bytes_layer(
     seq_parallel: ArrayLike = False,
     recompute: ArrayLike = NONE,
     flash: ArrayLike = False,
+    ffn_over_d: ArrayLike = 4.0,
+    kv_frac: ArrayLike = 1.0,
+    mats: ArrayLike = 2.0,
 ) -> np.ndarray:
     """Activation bytes one layer keeps for backward, per GPU (Korthikanti et al. 2022).
 
-    ``flash``: fused attention (FlashAttention) keeps no s x s score tensors, so the
-    5 a s / d term vanishes.
+    Korthikanti's 34 s b d (sec. 4.1) generalised to the layer's shape: 10 s b d
+    replicated without sequence parallelism (two layer-norm inputs, the attention and MLP
+    inputs, two dropout masks) and :func:`kept_split_coeff` s b d split over TP (Q and the
+    attention output 4, K and V 4 kv/a, the MLP's intermediates 2 mats f/d: GeLU input and
+    output, or SwiGLU's gate, up and product).  GPT (f = 4d, kv = a, GeLU): 10 + 24.
+    ``flash``: fused attention keeps no s x s score tensors, so the 5 a s / d term vanishes.
     """
     b, s, d, a, t = (np.asarray(x, dtype=float) for x in (b, s, d, a, t))
     sp = np.asarray(seq_parallel, dtype=bool)
     rc = np.asarray(recompute)
     sbd = s * b * d
     attn = np.where(flash, 0.0, 5.0 * a * s / (d * t))  # softmax in/out + dropout mask, per head shard
-    linear = np.where(sp, 34.0 / t, 10.0 + 24.0 / t)
+    split = kept_split_coeff(ffn_over_d, kv_frac, mats)
+    linear = np.where(sp, (KEPT_REPLICATED + split) / t, KEPT_REPLICATED + split / t)
     full = 2.0 * sbd / np.where(sp, t, 1.0)
     return np.where(rc == FULL, full, np.where(rc == SELECTIVE, sbd * linear, sbd * (linear + attn)))
 

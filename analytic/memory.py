@@ -8,7 +8,8 @@ everything:
     ZeRO-0  16 P        ZeRO-1  4 P + 12 P / d
     ZeRO-2  2 P + 14 P / d      ZeRO-3  16 P / d   (+ two gathered layers in flight)
 
-Activations: Korthikanti et al.'s bytes per layer (formulas.activation_bytes_layer) for
+Activations: Korthikanti et al.'s bytes per layer, generalised to the layer's MLP width,
+K/V heads and MLP kind (formulas.activation_bytes_layer), for
 the layers of one stage, times the micro-batches the first stage holds in flight under
 1F1B, min(p, m), times (1 + (p - 1) / (p v)) with interleaving; full recompute adds one
 layer's full activations (the layer being recomputed); a single-stage model also keeps
@@ -45,13 +46,14 @@ def activations_bytes(
     b: ArrayLike, s: ArrayLike, d: ArrayLike, a: ArrayLike, L: ArrayLike, V: ArrayLike,
     t: ArrayLike, p: ArrayLike, m: ArrayLike, v: ArrayLike,
     recompute: ArrayLike = F.NONE, seq_parallel: ArrayLike = False, flash: ArrayLike = False,
-    logits: bool = True,
+    logits: bool = True, shape: tuple = (4.0, 1.0, 2.0),
 ) -> np.ndarray:  # fmt: skip
     """Activation bytes on the first pipeline stage (the one holding the most); with
-    ``logits`` the single-stage model's fp32 logits (:func:`logits_bytes`) are included."""
+    ``logits`` the single-stage model's fp32 logits (:func:`logits_bytes`) are included.
+    ``shape``: (ffn / d, kv / a, MLP matrices) of the layer (GPT's by default)."""
     b, s, d, a, L, V, t, p, m, v = (np.asarray(x, dtype=float) for x in (b, s, d, a, L, V, t, p, m, v))
     rc = np.asarray(recompute)
-    per_layer = F.activation_bytes_layer(b, s, d, a, t, seq_parallel, rc, flash)
+    per_layer = F.activation_bytes_layer(b, s, d, a, t, seq_parallel, rc, flash, *shape)
     in_flight = np.minimum(p, m)
     interleave = np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
     acts = per_layer * np.ceil(L / p) * in_flight * interleave  # the largest stage (analytic.uneven)

@@ -326,7 +326,10 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
     )
     if MOE.is_moe(model):
         T = b * s_loc / t
-        per = MOE.activation_bytes_layer(model, T, d, mats) - MOE.DENSE_MLP_ACT * sbd
+        per = (
+            MOE.activation_bytes_layer(model, T, d, mats)
+            - F.mlp_kept_coeff(MOE.dense_ffn_avg(model, model.shape_extras["ffn"]) / d, mats) * sbd
+        )
         extra = extra + per * np.ceil(MOE.terms(model)["L_moe"] / p)
     acts = (acts + np.where(keep, extra * in_flight, 0.0)) * in_flight_scale(p, st.schedule) + logits
     return {

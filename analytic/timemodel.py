@@ -357,13 +357,11 @@ def evaluate(
     # ---- memory per GPU (ZeRO-3 with PP holds ZeRO-1's states at the peak) --------------
     sm, g_mem = SPP.memory_strategies(st), X.groups(st)[0]
     if dm is not None:
-        mem = DP.memory(
-            dm, fam, sh, dense_p, b, t, p, g_mem, sm.zero, m, v, rc, sp, hw.runtime_reserve_gb * 1e9
-        )
+        mem = DP.memory(dm, fam, sh, dense_p, b, t, p, g_mem, sm.zero, m, v, rc, sp, hw.runtime_reserve_gb * 1e9)  # fmt: skip
         if st.is_modern or X.MOE.is_moe(model):
             mem = X.adjust_dm_memory(mem, model, sm, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc)
     else:
-        acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, logits=False)
+        acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, False, (ffn_c / d, kv_frac, mats))  # fmt: skip
         lg = logits_bytes(b, s_loc, V, t, p)
         if st.is_modern or X.MOE.is_moe(model):
             mem = X.memory(model, sm, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc,

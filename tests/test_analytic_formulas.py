@@ -83,6 +83,21 @@ def test_korthikanti_variants_22b():
     assert F.activation_bytes_layer(b, s, d, a, t, flash=True) == pytest.approx(sbd * (10 + 24 / t))
 
 
+def test_activations_follow_the_layer_shape():
+    # Llama 2 7B: d 4096, SwiGLU f 11008, a 32; with GQA 8 K/V heads (Llama 3 8B's ratio).
+    # Kept per s b d (Korthikanti's count by tensor): replicated 10 (2 norm inputs, attention
+    # and MLP inputs, 2 dropout masks); split Q + attention output 4, K V 4 x 8/32 = 1,
+    # SwiGLU gate + up + product 3 x 2 x 11008/4096 = 16.125 -> 21.125
+    s, b, d, a, t = 4096, 1, 4096, 32, 4
+    sbd = s * b * d
+    got = F.activation_bytes_layer(b, s, d, a, t, False, F.NONE, True, 11008 / d, 8 / 32, 3)
+    assert got == pytest.approx(sbd * (10 + 21.125 / t))
+    sp = F.activation_bytes_layer(b, s, d, a, t, True, F.SELECTIVE, True, 11008 / d, 8 / 32, 3)
+    assert sp == pytest.approx(sbd * 31.125 / t)
+    # the MLP block's share: input 2 + dropout 1 + intermediates (GPT: 19, Korthikanti sec. 4.1)
+    assert F.mlp_kept_coeff(4.0, 2.0) == 19.0 and F.mlp_kept_coeff(11008 / d, 3) == pytest.approx(19.125)
+
+
 def test_params_seed_and_exact():
     assert F.params_layers(4096, 32) == 12 * 32 * 4096**2 == 6_442_450_944
     # Megatron 1T (SC21 Table 1 lists 1008.0 billion): exact count with V = 51200, s = 2048
