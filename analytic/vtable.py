@@ -23,6 +23,11 @@ flash_attention        no        fused attention, no s x s tensors kept (default
 measured_iter_s        one of    measured seconds per iteration
 measured_tflops_per_gpu  these   measured TFLOP/s per GPU, counted per ``tflops_convention``
 measured_tokens_per_s_per_gpu    measured tokens/s per GPU
+measured_tokens_per_s  (or)      tokens/s of the whole job (divided by gpus)
+measured_samples_per_s (or)      sequences/s of the whole job (x seq_len / gpus)
+measured_mfu           (or)      model FLOPs utilisation, a fraction of the row hardware's
+                                 dense bf16 peak: TFLOP/s per GPU = mfu x peak, ``model``
+                                 convention (6N + attention per token, PaLM's MFU)
 tflops_convention      with      model (no recompute) | hardware (with recompute) |
                        tflops    megatron_eq3 (Narayanan et al. eq. 3)
 group                  no        free tag used to pick calibration rows (e.g. full, seqsel)
@@ -129,6 +134,7 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
             i = int(np.flatnonzero(bad.to_numpy())[0])
             what = "tp x cp x pp" if out["cp"].iloc[i] > 1 else "tp x pp"
             raise InputError(where, f"row {i + 1}: dp={dp.iloc[i]} but gpus / ({what}) = {want.iloc[i]}")
+    out = _derived_measures(out, where)
     present = [c for c in MEASURES if c in out.columns]
     if not present:
         raise InputError(where, f"no measured column: give one of {', '.join(MEASURES)}")
@@ -162,6 +168,64 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
         out[col] = out[col].fillna("").astype(str)
     _check_hardware(out, where)
     return out.reset_index(drop=True)
+
+
+#: measurements converted to the three above (see the module docstring)
+DERIVED = ("measured_tokens_per_s", "measured_samples_per_s", "measured_mfu")
+
+
+def _derived_measures(out: pd.DataFrame, where: str) -> pd.DataFrame:
+    """Job-wide tokens/s or sequences/s -> tokens/s per GPU; MFU -> model TFLOP/s per GPU at
+    the row hardware's peak.  A row's own per-GPU value wins over a derived one."""
+    from calib.analytic.specs import load_hardware
+
+    cols = [c for c in DERIVED if c in out.columns]
+    if not cols:
+        return out
+    out = out.copy()
+    vals = {c: pd.to_numeric(out[c], errors="coerce") for c in cols}
+    gpus = out["gpus"].astype(float)
+    tok = pd.Series(np.nan, index=out.index)
+    if "measured_tokens_per_s" in vals:
+        tok = tok.fillna(vals["measured_tokens_per_s"] / gpus)
+    if "measured_samples_per_s" in vals:
+        tok = tok.fillna(vals["measured_samples_per_s"] * out["seq_len"].astype(float) / gpus)
+    base = out["measured_tokens_per_s_per_gpu"] if "measured_tokens_per_s_per_gpu" in out else tok * np.nan
+    out["measured_tokens_per_s_per_gpu"] = pd.to_numeric(base, errors="coerce").fillna(tok)
+    if "measured_mfu" in vals:
+        mfu = vals["measured_mfu"]
+        bad = mfu.notna() & ((mfu <= 0) | (mfu > 1))
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise InputError(
+                where, f"row {i + 1}: measured_mfu is a fraction of peak in (0, 1], got {mfu.iloc[i]:g}"
+            )
+        hw = (
+            out.get("hardware", pd.Series("", index=out.index))
+            .astype(object)
+            .fillna("")
+            .astype(str)
+            .str.strip()
+        )
+        own = out.get("measured_tflops_per_gpu", pd.Series(np.nan, index=out.index))
+        use = mfu.notna() & pd.to_numeric(own, errors="coerce").isna()
+        if (use & (hw == "")).any():
+            i = int(np.flatnonzero((use & (hw == "")).to_numpy())[0])
+            raise InputError(
+                where, f"row {i + 1}: measured_mfu needs the row's hardware (its peak is the denominator)"
+            )
+        peak = {}
+        for h in hw[use].unique():
+            try:
+                peak[h] = float(load_hardware(h).peak_tflops)
+            except InputError as exc:
+                i = int(np.flatnonzero((hw == h).to_numpy())[0])
+                raise InputError(where, f"row {i + 1}: column 'hardware': {exc.problem}") from None
+        tflops = (mfu * hw.map(peak)).where(use)
+        out["measured_tflops_per_gpu"] = pd.to_numeric(own, errors="coerce").fillna(tflops)
+        conv = out.get("tflops_convention", pd.Series("", index=out.index)).fillna("").astype(str)
+        out["tflops_convention"] = conv.where(~use, "model")
+    return out
 
 
 def _check_hardware(out: pd.DataFrame, where: str) -> None:
