@@ -161,7 +161,9 @@ _MOSAIC_SHARDING = {
     "_HYBRID_SHARD_ZERO2": 2,
 }
 _MOSAIC_HYBRID = {"HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"}
-_MOSAIC_PRECISION = {"bf16", "amp_bf16", "fp16", "amp_fp16"}
+_MOSAIC_PRECISION = {"bf16", "amp_bf16", "fp16", "amp_fp16", "amp_fp8", "fp8"}
+#: llm-foundry's FP8 runs (Transformer Engine linear layers, ``amp_fp8``) -> precision fp8
+_MOSAIC_FP8 = {"amp_fp8", "fp8"}
 
 
 def _gpus_per_node(preset: str) -> int:
@@ -190,8 +192,11 @@ def _mosaicml(df: pd.DataFrame) -> pd.DataFrame:
         else pd.Series("FULL_SHARD", index=df.index)
     )
     _known(sharding, _MOSAIC_SHARDING, "Sharding Strategy")
+    precision = pd.Series("bf16", index=df.index)
     if "Precision" in df:
-        _known(df["Precision"].astype(str).str.strip().str.lower(), _MOSAIC_PRECISION, "Precision")
+        given = df["Precision"].astype(str).str.strip().str.lower()
+        _known(given, _MOSAIC_PRECISION, "Precision")
+        precision = given.map(lambda v: "fp8" if v in _MOSAIC_FP8 else "bf16")
     if "Activation CPUOffload" in df:
         off = df["Activation CPUOffload"].astype(str).str.strip().str.lower()
         _known(off, {"false", "0"}, "Activation CPUOffload")
@@ -204,7 +209,7 @@ def _mosaicml(df: pd.DataFrame) -> pd.DataFrame:
         "micro_batch": df["MicroBatchSize"], "global_batch": df["GlobalBatchSize"],
         "zero": sharding.map(_MOSAIC_SHARDING), "recompute": np.where(ckpt, "full", "none"),
         "shard_group": np.where(sharding.isin(_MOSAIC_HYBRID), gpu.map(_MOSAIC_GPU).map(_gpus_per_node), 0),
-        "seq_parallel": False, "dp_overlap": True, "flash_attention": True,
+        "seq_parallel": False, "dp_overlap": True, "flash_attention": True, "precision": precision,
         "measured_tokens_per_s_per_gpu": df["Throughput (T/s/GPU)"],
         "group": gpu, "source": df["source"],
     })  # fmt: skip

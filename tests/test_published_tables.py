@@ -36,6 +36,7 @@ BLOOM = PUB / "bloom176b_bigscience_jean_zay_iteration_times.csv"
 MTNLG = PUB / "mtnlg530b_smith2022_iteration_times.csv"
 SC21T2 = PUB / "megatron_sc21_table2_ptdp_vs_zero3.csv"
 H100 = PUB / "mosaicml_llmfoundry_fsdp_h100_bf16.csv"
+H100_FP8 = PUB / "mosaicml_llmfoundry_fsdp_h100_fp8.csv"
 LLAMA3 = PUB / "llama3_405b_table4_scaling.csv"
 DSV3 = PUB / "deepseek_v3_h800_pretraining.csv"
 
@@ -198,6 +199,20 @@ def test_mosaic_h100_bf16_values_round_trip_from_the_source():
     assert df["measured_tokens_per_s_per_gpu"].tolist() == raw["Throughput (T/s/GPU)"].tolist()
 
 
+def test_mosaic_h100_fp8_values_round_trip_from_the_source():
+    # "|  3b | 2048 | 8 | h100_80gb | 27.7 | 27.7 |  5.482421E+14 | 10 | 6 | 480 | 119 | 244692 | 30586 |
+    #  983040 | amp_fp8 | DEFAULT | FULL_SHARD | False | False | 2651837440 |" (README, section H100 80GB FP8)
+    raw = pd.read_csv(H100_FP8)
+    assert len(raw) == 10 and set(raw["Precision"]) == {"amp_fp8"}
+    row = raw[(raw["Model"] == "3b") & (raw["SeqLen (T)"] == 2048)].iloc[0]
+    assert (row["MicroBatchSize"], row["GlobalBatchSize"], row["Throughput (T/s)"], row["Throughput (T/s/GPU)"]) == (
+        10, 480, 244692, 30586)  # fmt: skip
+    per_gpu = raw["Throughput (T/s)"] / raw["# GPUs"]
+    assert ((per_gpu - raw["Throughput (T/s/GPU)"]).abs() < 1).all()
+    df, fmt = read_table(H100_FP8)
+    assert fmt == "mosaicml" and set(df["precision"]) == {"fp8"} and set(df["hardware"]) == {"dgx-h100"}
+
+
 def test_jean_zay_preset_is_four_100g_links_per_node():
     hw = load_hardware("jean-zay")
     assert hw.node_nic_gbps == 4 * 100 / 8  # "4 OmniPath links", 100 Gb/s each -> GB/s per node
@@ -214,6 +229,7 @@ EVERY_THIRD = [
     (PUB / "megatron_readme_2020_tp_dp_scaling_iteration_times.csv", 8, 2.98, 5.0),
     (PUB / "mosaicml_llmfoundry_fsdp_a100.csv", 92, 9.06, 10.0),
     (H100, 34, 13.08, 15.0),
+    (H100_FP8, 6, 12.94, 15.0),  # added with FP8 in the model; split every-third, decided before running
     (LLAMA3, 2, 7.17, 10.0),  # calibrate on row 1 (decided before running, fixtures/published/SOURCE.txt)
 ]
 
