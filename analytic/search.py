@@ -69,6 +69,9 @@ class Space:
     #: placement axis (seed 002): NVLink domain size; every strategy is timed under its best
     #: placement of the TP/CP/DP/PP groups on domains of this many GPUs (analytic.placement)
     nvlink_domain: int | None = None
+    #: hybrid sharding (analytic.hybrid): ZeRO-2/3 shard-group sizes to try; 0 = the whole DP
+    #: group (a size must divide DP x CP and be smaller than it)
+    shard: tuple[int, ...] = (0,)
 
 
 def layouts(
@@ -135,6 +138,13 @@ def layouts(
     r, jc = np.nonzero(ok)
     out = {key: val[r] for key, val in out.items()}
     out["tp_c"] = cd2[jc]
+    # hybrid sharding: shard groups that divide the DP x CP group (0: the whole group)
+    sh = np.array(sorted(set(space.shard)), dtype=np.int64)
+    g = (out["dp"] * out["cp"])[:, None]
+    ok = (sh[None, :] == 0) | ((sh[None, :] < g) & (g % np.maximum(sh[None, :], 1) == 0))
+    r, js = np.nonzero(ok)
+    out = {key: val[r] for key, val in out.items()}
+    out["shard"] = sh[js]
     return out
 
 
@@ -169,7 +179,9 @@ def option_mask(lay: dict[str, np.ndarray], opt: dict[str, np.ndarray], dist_opt
     t, p, d, c = (_col(lay[k]) for k in ("tp", "pp", "dp", "cp"))
     z, sp, ov = opt["zero"], opt["seq_parallel"], opt["dp_overlap"]
     dc = d * c  # the dense gradients are reduced over DP x CP
-    ok = ((z == 0) | (dc > 1)) & ((z <= 1) | (p == 1)) & (~sp | (t > 1)) & (~ov | (dc > 1))
+    ok = ((z == 0) | (dc > 1)) & (~sp | (t > 1)) & (~ov | (dc > 1))
+    if "shard" in lay:  # hybrid sharding shards ZeRO-2/3 states only
+        ok &= (_col(lay["shard"]) == 0) | (z >= 2)
     if "tp_c" in lay:  # a 2D TP grid splits the sequence: its rows run sequence parallel
         ok &= sp | (_col(lay["tp_c"]) == 1)
     if dist_opt:
@@ -223,18 +235,11 @@ def search(
     comm_all = _layout_comm(model, system, lay, global_batch, space)
     picks: list[dict[str, np.ndarray]] = []
     n_valid = n_fit = 0
-    # ZeRO-2/3 need PP = 1: layouts with PP > 1 get the ZeRO-0/1 option table (half the grid)
-    multi = lay["pp"] > 1
-    low = tuple(z for z in space.zero if z <= 1)
-    for sel, zeros in ((~multi, space.zero), (multi, low)):
-        if not zeros or not np.any(sel):
-            continue
-        lay_g = {k: v[sel] for k, v in lay.items()}
-        comm_g = None if comm_all is None else {k: v[sel] for k, v in comm_all.items()}
-        opt = options(replace(sp_space, zero=zeros))
-        nv, nf = _scan(model, system, lay_g, comm_g, opt, global_batch, space, moe, max(top, 1), picks, objective,
-                       power)  # fmt: skip
-        n_valid, n_fit = n_valid + nv, n_fit + nf
+    # ZeRO-2/3 with PP > 1 run as torch pipelining runs FSDP stages (analytic.sharded_pp)
+    if space.zero and lay["tp"].size:
+        opt = options(sp_space)
+        n_valid, n_fit = _scan(model, system, lay, comm_all, opt, global_batch, space, moe, max(top, 1), picks,
+                               objective, power)  # fmt: skip
     if not picks:
         empty = pd.DataFrame()
         return SearchResult(empty, empty, n_valid, n_fit, time.perf_counter() - t0)
@@ -315,7 +320,16 @@ def _strategies(sl: dict, opt: dict, B: int, space: Space, moe: bool = False) ->
     )  # fmt: skip
 
 
-COMM_KEYS = ("tp", "cp", "pp", "dp", "micro_batch", "ep", "tp_c")  # what the communication terms depend on
+COMM_KEYS = (
+    "tp",
+    "cp",
+    "pp",
+    "dp",
+    "micro_batch",
+    "ep",
+    "tp_c",
+    "shard",
+)  # what the communication terms depend on
 
 
 def _layout_comm(model, system: System, sl: dict, B: int, space: Space) -> dict[str, np.ndarray] | None:

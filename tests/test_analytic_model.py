@@ -123,7 +123,7 @@ def _brute_force(model, N, B, space):
                 for z, rc, sp, ov in itertools.product(
                     space.zero, space.recompute, space.seq_parallel, space.dp_overlap
                 ):
-                    if (z and d == 1) or (z >= 2 and p > 1) or (sp and t == 1) or (ov and d == 1):
+                    if (z and d == 1) or (sp and t == 1) or (ov and d == 1):  # ZeRO-2/3 + PP: sharded_pp
                         continue
                     rows.append((t, p, d, b, v, z, rc, sp, ov))
     cols = np.array(rows, dtype=np.int64).T

@@ -119,3 +119,22 @@ def test_validate_reads_hybrid_rows(tmp_path):
 
     rows = json.loads(run("validate", str(f), "--fit", "none", "--json").output)["per_row"]
     assert len(rows) == 2 and all(np.isfinite(r["predicted"]) for r in rows)
+
+
+def test_search_adds_one_strategy_per_hybrid_shard_group():
+    """Every ZeRO-2/3 strategy whose DP group 8 divides (and exceeds) gains a hybrid twin."""
+    from calib.analytic.search import Space, search
+
+    from tests.test_analytic_model import _brute_force
+
+    model, N, B = load_model("megatron-1.7b"), 32, 64
+    flat = search(model, SYSTEM, N, B, Space(), top=3)
+    hybrid = search(model, SYSTEM, N, B, Space(shard=(0, 8)), top=3)
+    every = _brute_force(model, N, B, Space())
+    twins = int(np.count_nonzero((every.zero >= 2) & (every.dp % 8 == 0) & (every.dp > 8)))
+    assert twins > 0 and hybrid.n_strategies == flat.n_strategies + twins
+    best = hybrid.top.iloc[0]
+    st = Strategies.of(**{k: int(best[k]) for k in ("tp", "pp", "dp", "micro_batch", "interleave", "zero",
+                                                     "recompute", "shard")},
+                       seq_parallel=bool(best["seq_parallel"]), dp_overlap=bool(best["dp_overlap"]), global_batch=B)  # fmt: skip
+    assert float(evaluate(model, SYSTEM, st)["iter_s"]) == pytest.approx(best["iter_s"], rel=1e-12)

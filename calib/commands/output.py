@@ -148,7 +148,7 @@ def emit(text: str, out: str | Path | None) -> str | None:
 
 SEARCH_COLUMNS = {
     "rank": "#", "gpus": "GPUs", "tp": "TP", "tp_c": "TP cols", "cp": "CP", "ep": "EP", "pp": "PP", "dp": "DP", "micro_batch": "mb", "microbatches": "m",
-    "interleave": "v", "schedule": "schedule", "zero": "ZeRO", "recompute": "recompute", "seq_parallel": "SP", "dp_overlap": "ovl",
+    "interleave": "v", "schedule": "schedule", "zero": "ZeRO", "shard": "shard", "recompute": "recompute", "seq_parallel": "SP", "dp_overlap": "ovl",
     "iter_s": "iter s", "tokens_per_s": "tokens/s", "tflops_per_gpu": "TFLOP/s/GPU", "mfu": "MFU",
     "compute_s": "compute s", "comm_exposed_s": "comm s", "bubble_s": "bubble s", "tp_s": "TP s",
     "ep_cp_exposed_s": "EP/CP s", "dp_exposed_s": "DP s", "mem_total_gb": "mem GB",
@@ -158,6 +158,8 @@ SEARCH_COLUMNS = {
 
 def _search_view(table: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c in SEARCH_COLUMNS if c in table.columns]
+    if "shard" in cols and not table["shard"].any():  # no hybrid sharding searched
+        cols.remove("shard")
     view = table[cols].rename(columns=SEARCH_COLUMNS).copy()
     for c in ("SP", "ovl"):
         if c in view:

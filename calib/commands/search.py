@@ -47,6 +47,17 @@ def parse_gpu_spec(text: str) -> list[int]:
     return out
 
 
+def _parse_shards(text: str) -> tuple[int, ...]:
+    """Shard-group sizes: non-negative integers (0 = the whole DP group)."""
+    try:
+        vals = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise InputError("--shard-groups", f"expected sizes like 0,8, got '{text}'") from None
+    if not vals or min(vals) < 0:
+        raise InputError("--shard-groups", f"sizes must be 0 or positive, got '{text}'")
+    return vals
+
+
 def parse_zero(text: str) -> tuple[int, ...]:
     try:
         stages = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
@@ -100,6 +111,9 @@ Examples:
     help="How many strategies to list.",
 )
 @click.option("--zero", "zero_stages", default="0,1,2,3", show_default=True, help="ZeRO stages to consider.")
+@click.option("--shard-groups", "shard_groups", default="0", show_default=True,
+              help="Hybrid sharding shard-group sizes for ZeRO-2/3 (FSDP HYBRID_SHARD), e.g. 0,8 "
+              "(0 = the whole DP group).")  # fmt: skip
 @click.option("--max-tp", type=Int(1), help="Largest tensor-parallel size to consider.")
 @click.option("--no-interleave", is_flag=True, help="Do not consider interleaved pipeline schedules.")
 @click.option(
@@ -158,7 +172,7 @@ Examples:
 @click.option("--csv", "as_csv", is_flag=True, help="Print the ranked strategies as CSV.")
 @click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
 def search(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus,
-           global_batch, top, zero_stages, max_tp, no_interleave, flash_attention, objective, dtype, power_file,
+           global_batch, top, zero_stages, shard_groups, max_tp, no_interleave, flash_attention, objective, dtype, power_file,
            nvlink_domain, offload_gbps, offload_gb, as_json, as_csv, out, **shape):  # fmt: skip
     from calib.analytic.bubble import SCHEDULES
     from calib.analytic.context import cp_kind_code
@@ -204,6 +218,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         tp_c=parse_list(stack["tp_cols"], "--tp-cols", (1,)),
         tp2d_kind=("2d", "summa").index(stack["tp2d_kind"]),
         fused_layers=parse_on_off(stack["fused_layers"], "--fused-layers"),
+        shard=_parse_shards(shard_groups),
     )
     _check_axes(model, space)
     if space.fp8 and not machine.hw.peak_fp8_tflops:
