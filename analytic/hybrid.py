@@ -41,13 +41,14 @@ def is_hybrid(st) -> np.ndarray:
     return np.asarray(st.shard) > 0
 
 
-def gradient_sync_s(st, comm: dict, reduce_z2_s, rs_z3_s) -> tuple[np.ndarray, np.ndarray]:
-    """Per-micro-batch gradient synchronisation of ZeRO-2 and ZeRO-3 with hybrid sharding.
+def gradient_sync_s(st, comm: dict, reduce_z2_s, rs_z3_s, fsdp=False) -> tuple[np.ndarray, np.ndarray]:
+    """Per-micro-batch gradient synchronisation of ZeRO-2 and ZeRO-3.
 
-    The reduce-scatter in the shard group (per module) plus the shard's all-reduce across
-    the replicas (``dp_hsdp_ar_s``); ZeRO-2 reduce-scatters as FSDP's _HYBRID_SHARD_ZERO2
-    does, instead of the reduces DeepSpeed's ZeRO-2 issues.  Unchanged without hybrid.
+    With hybrid sharding: the reduce-scatter in the shard group (per module) plus the
+    shard's all-reduce across the replicas (``dp_hsdp_ar_s``).  ZeRO-2 reduce-scatters per
+    module under FSDP (``fsdp``; _HYBRID_SHARD_ZERO2 is FSDP) instead of the reduces
+    DeepSpeed's ZeRO-2 issues.  Unchanged for DeepSpeed without hybrid sharding.
     """
     replicas = comm.get("dp_hsdp_ar_s", 0.0)
-    z2 = np.where(is_hybrid(st), comm.get("dp_rs_z3_s", 0.0) + replicas, reduce_z2_s)
+    z2 = np.where(is_hybrid(st) | np.asarray(fsdp), comm.get("dp_rs_z3_s", 0.0) + replicas, reduce_z2_s)
     return z2, rs_z3_s + replicas

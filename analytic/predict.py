@@ -54,6 +54,7 @@ class Plan:
     tp2d_kind: int = 0  # 0 seed 002's 2D table, 1 SUMMA
     fused_layers: bool = False  # fused element-wise layers (Calculon's knob, seed 000)
     shard: int = 0  # hybrid sharding: ZeRO-2/3 shard group size (analytic.hybrid); 0 = the DP group
+    zero_impl: int = 0  # ZeRO as 0 DeepSpeed or 1 PyTorch FSDP runs it (analytic.dp_exposure)
 
 
 def _check_tp2d(model: ModelSpec, plan: Plan) -> None:
@@ -94,7 +95,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     for n in gpus:
         B = plan.global_batch or plan.micro_batch * (n // (plan.tp * plan.cp * plan.pp) or 1)
         dps.append(check_config(model, n, plan.tp, plan.pp, plan.micro_batch, B, plan.interleave, plan.zero,
-                                plan.recompute, plan.seq_parallel, plan.cp, plan.shard))  # fmt: skip
+                                plan.recompute, plan.seq_parallel, plan.cp, plan.shard, plan.zero_impl))  # fmt: skip
         batches.append(B)
     st = Strategies.of(
         tp=np.full(len(gpus), plan.tp), pp=np.full(len(gpus), plan.pp), dp=np.array(dps),
@@ -104,6 +105,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
         cp=plan.cp, ep=plan.ep, cp_kind=plan.cp_kind, fp8=plan.fp8, schedule=plan.schedule,
         dist_opt=plan.dist_opt, tp_overlap=plan.tp_overlap, master=plan.master,
         tp_c=plan.tp_c, tp2d_kind=plan.tp2d_kind, fused_layers=plan.fused_layers, shard=plan.shard,
+        zero_impl=plan.zero_impl,
     )  # fmt: skip
     for i in range(len(gpus)):
         check_modern(model, system.hw, st, i)

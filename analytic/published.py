@@ -210,6 +210,7 @@ def _mosaicml(df: pd.DataFrame) -> pd.DataFrame:
         "zero": sharding.map(_MOSAIC_SHARDING), "recompute": np.where(ckpt, "full", "none"),
         "shard_group": np.where(sharding.isin(_MOSAIC_HYBRID), gpu.map(_MOSAIC_GPU).map(_gpus_per_node), 0),
         "seq_parallel": False, "dp_overlap": True, "flash_attention": True, "precision": precision,
+        "zero_impl": "fsdp",
         "measured_tokens_per_s_per_gpu": df["Throughput (T/s/GPU)"],
         "group": gpu, "source": df["source"],
     })  # fmt: skip

@@ -72,6 +72,8 @@ class Space:
     #: hybrid sharding (analytic.hybrid): ZeRO-2/3 shard-group sizes to try; 0 = the whole DP
     #: group (a size must divide DP x CP and be smaller than it)
     shard: tuple[int, ...] = (0,)
+    #: ZeRO implementation (analytic.dp_exposure): 0 DeepSpeed, 1 PyTorch FSDP
+    zero_impl: int = 0
 
 
 def layouts(
@@ -354,7 +356,7 @@ def _space_knobs(space: Space, zero) -> dict:
     """The scalar knobs of a search space (the distributed optimizer stands in for ZeRO-1)."""
     return {"flash_attention": space.flash_attention, "cp_kind": space.cp_kind, "fp8": space.fp8,
             "dist_opt": np.asarray(zero) == 1 if space.dist_opt else False, "tp_overlap": space.tp_overlap,
-            "master": space.master, "tp2d_kind": space.tp2d_kind}  # fmt: skip
+            "master": space.master, "tp2d_kind": space.tp2d_kind, "zero_impl": space.zero_impl}  # fmt: skip
 
 
 def detail(

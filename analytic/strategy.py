@@ -72,6 +72,8 @@ class Strategies:
     # states sharded over ``shard`` consecutive DP ranks and replicated across the
     # d c / shard groups (analytic.hybrid); 0 = sharded over the whole DP group
     shard: np.ndarray
+    # ZeRO implementation (analytic.dp_exposure): 0 DeepSpeed, 1 PyTorch FSDP
+    zero_impl: np.ndarray
 
     @classmethod
     def of(cls, **kw) -> Strategies:
@@ -79,7 +81,7 @@ class Strategies:
             "interleave": 1, "zero": 0, "recompute": 0, "seq_parallel": False, "dp_overlap": False,
             "flash_attention": False, "cp": 1, "ep": 1, "cp_kind": 0, "fp8": False, "schedule": 0,
             "dist_opt": False, "tp_overlap": False, "master": 0, "tp_c": 1, "tp2d_kind": 0, "fused_layers": False,
-            "shard": 0,
+            "shard": 0, "zero_impl": 0,
         }  # fmt: skip
         vals = {**defaults, **kw}
         out = {}
@@ -127,6 +129,7 @@ def check_config(
     seq_parallel: bool = False,
     cp: int = 1,
     shard: int = 0,
+    zero_impl: int = 0,
 ) -> int:
     """Validate one configuration; return its DP size.  Raise InputError naming the rule."""
     where = f"{gpus} GPUs"
@@ -177,6 +180,8 @@ def check_config(
             )
     if seq_parallel and tp == 1:
         raise InputError("seq_parallel", "sequence parallelism needs TP > 1")
+    if zero_impl not in (0, 1):
+        raise InputError("zero_impl", f"0 (DeepSpeed) or 1 (PyTorch FSDP), got {zero_impl}")
     if shard < 0:
         raise InputError("shard", f"must be 0 (the whole DP group) or a positive group size, got {shard}")
     if shard > 0 and zero < 2:

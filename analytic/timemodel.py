@@ -25,13 +25,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from calib.analytic import device_path as DP
+from calib.analytic import dp_exposure as DX
 from calib.analytic import formulas as F
-from calib.analytic import hybrid as HY
 from calib.analytic import modern as X
 from calib.analytic import sharded_pp as SPP
 from calib.analytic import tp2d as T2
 from calib.analytic import uneven as U
-from calib.analytic import zero_overlap as ZO
 from calib.analytic.bubble import pipeline_time_s
 from calib.analytic.comm import group_time_s, members_per_node
 from calib.analytic.memory import BYTES_GRAD, activations_bytes, logits_bytes, memory_per_gpu
@@ -308,32 +307,10 @@ def evaluate(
         + shared_p
     )
     params_gpu = dense_p + expert_p
-    ar, ag, rs3, rs2 = c["dp_ar_s"], c["dp_ag_s"], c["dp_rs_s"], c["dp_reduce_s"]
-    ag3, rs33 = c.get("dp_ag_z3_s", ag), c.get("dp_rs_z3_s", rs3)  # ZeRO-3: per-module collectives
-    z = st.zero
-    rs2, rs33 = HY.gradient_sync_s(st, c, rs2, rs33)  # hybrid sharding: + the replicas' all-reduce
-    n_ag_mb = np.where(full, 3.0, 2.0)  # ZeRO-3 gathers per micro-batch
-    dp_ar = np.where(z <= 1, ar, 0.0)
-    dp_ag = np.where(z == 1, ag, 0.0) + np.where(z == 2, ag, 0.0) + np.where(z == 3, m * n_ag_mb * ag3, 0.0)
-    dp_rs = np.where(z == 2, m * rs2, 0.0) + np.where(z == 3, m * rs33, 0.0)
-
     bwd_window = lps * layer_compute * (f_train - f_fwd) / f_train
     fwd_window = lps * layer_compute * f_fwd / f_train
-    ovl = st.dp_overlap
-    # ZeRO-3 gathers/reduce-scatters hide under compute only up to a fraction (analytic.zero_overlap)
-    z3_exp = m * (ZO.exposed_s(ag3, fwd_window) + ZO.exposed_s((n_ag_mb - 1.0) * ag3 + rs33, bwd_window))
-    ar_hidden = np.maximum(0.0, ar - bwd_window)  # ZeRO-0/1 all-reduce under the last backward
-    rs2_exp = m * np.maximum(0.0, rs2 - bwd_window)  # ZeRO-2 reduces under each backward
-    # exposed DP time with overlap, per stage (the all-gather after the step never hides)
-    ovl_total = np.select([z == 0, z == 1, z == 2], [ar_hidden, ar_hidden + ag, ag + rs2_exp], z3_exp)
-    dp_exposed = np.where(ovl, ovl_total, dp_ar + dp_ag + dp_rs)
-    # Megatron's distributed optimizer, and ZeRO-3 with PP per module (analytic.sharded_pp):
-    # one reduce-scatter + one all-gather per step, fractional overlap
-    fp = SPP.active(st)
-    do, rs_do, ag_do = st.dist_opt | fp, np.where(fp, rs33, rs3), np.where(fp, ag3, ag)
-    do_rs, do_ag = X.dist_opt_exposed(st, rs_do, ag_do, bwd_window, fwd_window)
-    dp_exposed = np.where(do, do_rs + do_ag, dp_exposed)
-    dp_ar, dp_rs, dp_ag = np.where(do, 0.0, dp_ar), np.where(do, rs_do, dp_rs), np.where(fp, ag_do, dp_ag)
+    dpt = DX.dp_terms(st, c, m, full, bwd_window, fwd_window, lean)  # analytic.dp_exposure
+    dp_ar, dp_ag, dp_rs, dp_exposed = dpt["dp_ar"], dpt["dp_ag"], dpt["dp_rs"], dpt["dp_exposed"]
 
     # ---- optimizer step (memory bound) -------------------------------------------------
     opt_params = X.opt_params(st, dense_p, expert_p)
@@ -377,19 +354,7 @@ def evaluate(
         }
 
     # ---- breakdown (per iteration) -----------------------------------------------------
-    z3_ag_share = np.where(z == 3, (n_ag_mb * ag3) / np.maximum(n_ag_mb * ag3 + rs33, 1e-30), 0.0)
-    ar_exp = np.where(ovl, np.where(z <= 1, ar_hidden, 0.0), dp_ar)
-    ag_exp = np.where(
-        ovl, np.where((z == 1) | (z == 2), ag, 0.0) + np.where(z == 3, z3_exp * z3_ag_share, 0.0), dp_ag
-    )
-    rs_exp = np.where(
-        ovl, np.where(z == 2, rs2_exp, 0.0) + np.where(z == 3, z3_exp * (1.0 - z3_ag_share), 0.0), dp_rs
-    )
-    ar_exp, ag_exp, rs_exp = (
-        np.where(do, 0.0, ar_exp),
-        np.where(do, do_ag, ag_exp),
-        np.where(do, do_rs, rs_exp),
-    )
+    ar_exp, ag_exp, rs_exp = dpt["ar_exp"], dpt["ag_exp"], dpt["rs_exp"]
     # uneven stages: only the LM head's excess over the last stage's gap is on the critical path
     head_cp = np.where(head_compute > 0, head_mb / np.maximum(head_compute, 1e-30), 1.0)
     kernel_tr = m * (lps * layer_tr + head_cp * head_tr)

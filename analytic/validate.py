@@ -63,6 +63,7 @@ def strategies_of(df: pd.DataFrame) -> Strategies:
         "cp_kind": pd.Series(_col(df, "cp_kind", "ring")).map(CP_KINDS.index).to_numpy(),
         "schedule": pd.Series(_col(df, "schedule", "1f1b")).map(SCHEDULES.index).to_numpy(),
         "master": (pd.Series(_col(df, "master_weights", "fp32")) == "bf16").to_numpy(),
+        "zero_impl": (pd.Series(_col(df, "zero_impl", "deepspeed")) == "fsdp").to_numpy().astype(int),
     }
     return Strategies.of(
         tp=df["tp"].to_numpy(), pp=df["pp"].to_numpy(), dp=(df["gpus"] // (df["tp"] * cp * df["pp"])).to_numpy(),
@@ -104,7 +105,7 @@ def check_rows(df: pd.DataFrame, where: str, systems: dict | None = None) -> Non
         try:
             check_config(spec, int(r["gpus"]), int(r["tp"]), int(r["pp"]), int(r["micro_batch"]), int(r["global_batch"]),
                          int(r["interleave"]), int(r["zero"]), F.RECOMPUTE_NAMES.index(r["recompute"]),
-                         bool(r["seq_parallel"]), int(st.cp[j]), int(st.shard[j]))  # fmt: skip
+                         bool(r["seq_parallel"]), int(st.cp[j]), int(st.shard[j]), int(st.zero_impl[j]))  # fmt: skip
             hw = systems[r["hardware"]].hw if systems is not None else None
             check_modern(spec, hw, st, j)
         except InputError as exc:

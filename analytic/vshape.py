@@ -25,6 +25,8 @@ master_weights           fp32 | bf16 (fp32)
 schedule                 1f1b | zb-h1 | dualpipe (1f1b; interleaved with interleave > 1)
 distributed_optimizer    true/false: Megatron's distributed optimizer, needs zero = 1 (false)
 tp_comm_overlap          true/false: TP collectives overlapped with GEMMs (false)
+zero_impl                deepspeed | fsdp: ZeRO as DeepSpeed or PyTorch FSDP runs it
+                         (analytic.dp_exposure) (deepspeed)
 shard_group              hybrid sharding (FSDP HYBRID_SHARD, MiCS): ZeRO-2/3 states
                          sharded over this many DP ranks (0 = the whole DP group)
 =======================  ===============================================================
@@ -52,6 +54,7 @@ CHOICES = {
     "precision": (("bf16", "fp8"), "bf16"),
     "master_weights": (("fp32", "bf16"), "fp32"),
     "schedule": (("1f1b", "zb-h1", "dualpipe"), "1f1b"),
+    "zero_impl": (("deepspeed", "fsdp"), "deepspeed"),
 }
 STACK_INTS = {"cp": 1, "ep": 1}
 BOOLS = {"tied_embeddings": True, "distributed_optimizer": False, "tp_comm_overlap": False}

@@ -36,6 +36,7 @@ FLAGS: dict[str, str] = {
     "tp_c": "--tp-cols",
     "tp2d_kind": "--tp2d-kind",
     "shard": "--shard-group",
+    "zero_impl": "--zero-impl",
     "ep": "--ep",
     "schedule": "--schedule",
     "fp8": "--precision",

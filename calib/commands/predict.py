@@ -91,6 +91,9 @@ Example:
     help="Overlap DP/ZeRO collectives with backward (and ZeRO-3 forward) compute.",
 )
 @click.option("--flash-attention", is_flag=True, help="Fused attention: no s x s activations kept or moved.")
+@click.option("--zero-impl", type=Choice(("deepspeed", "fsdp")), default="deepspeed", show_default=True,
+              help="ZeRO as DeepSpeed or PyTorch FSDP runs it (FSDP: no re-gather in the recomputed forward, "
+              "ZeRO-2 gathers every micro-batch).")  # fmt: skip
 @click.option("--shard-group", "shard", type=Int(0), default=0, show_default=True,
               help="Hybrid sharding (FSDP HYBRID_SHARD, MiCS): ZeRO-2/3 states sharded over this many DP "
               "ranks, replicated across groups (0 = the whole DP group; 8 = one DGX node).")  # fmt: skip
@@ -128,7 +131,7 @@ Example:
 )
 def predict(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus, zero,
             tp, pp, interleave, micro_batch, global_batch, recompute, seq_parallel, dp_overlap, flash_attention,
-            shard, fused_layers, tp_cols, tp2d_kind, ranks_per_node, energy, tokens, price_per_gpu_hour, dtype, power_file, as_json, as_csv, out,
+            zero_impl, shard, fused_layers, tp_cols, tp2d_kind, ranks_per_node, energy, tokens, price_per_gpu_hour, dtype, power_file, as_json, as_csv, out,
             **shape):  # fmt: skip
     from calib.analytic.formulas import recompute_code
     from calib.analytic.predict import Plan
@@ -145,7 +148,8 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
     plan = Plan(tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, global_batch=global_batch,
                 recompute=recompute_code(recompute), seq_parallel=seq_parallel, interleave=interleave,
                 dp_overlap=dp_overlap, flash_attention=flash_attention, fused_layers=fused_layers, tp_c=tp_cols,
-                tp2d_kind=("2d", "summa").index(tp2d_kind), shard=shard, **stack)  # fmt: skip
+                tp2d_kind=("2d", "summa").index(tp2d_kind), shard=shard,
+                zero_impl=("deepspeed", "fsdp").index(zero_impl), **stack)  # fmt: skip
     result = run_predict(model, machine, parse_gpus(require(gpus, "--gpus")), plan)
     notes = notes + result.notes
     if energy:
@@ -176,6 +180,7 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
             + (" +flash" if flash_attention else "")
             + (" +fused-layers" if fused_layers else "")
             + (f" shard-group={shard}" if shard else "")
+            + (" (FSDP)" if zero_impl == "fsdp" else "")
             + (f" TP grid {tp // tp_cols}x{tp_cols} ({tp2d_kind})" if tp_cols > 1 else "")
             + stack_label(stack),
         ]

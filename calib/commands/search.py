@@ -111,6 +111,8 @@ Examples:
     help="How many strategies to list.",
 )
 @click.option("--zero", "zero_stages", default="0,1,2,3", show_default=True, help="ZeRO stages to consider.")
+@click.option("--zero-impl", type=Choice(("deepspeed", "fsdp")), default="deepspeed", show_default=True,
+              help="ZeRO as DeepSpeed or PyTorch FSDP runs it (analytic.dp_exposure).")  # fmt: skip
 @click.option("--shard-groups", "shard_groups", default="0", show_default=True,
               help="Hybrid sharding shard-group sizes for ZeRO-2/3 (FSDP HYBRID_SHARD), e.g. 0,8 "
               "(0 = the whole DP group).")  # fmt: skip
@@ -172,7 +174,7 @@ Examples:
 @click.option("--csv", "as_csv", is_flag=True, help="Print the ranked strategies as CSV.")
 @click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
 def search(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus,
-           global_batch, top, zero_stages, shard_groups, max_tp, no_interleave, flash_attention, objective, dtype, power_file,
+           global_batch, top, zero_stages, zero_impl, shard_groups, max_tp, no_interleave, flash_attention, objective, dtype, power_file,
            nvlink_domain, offload_gbps, offload_gb, as_json, as_csv, out, **shape):  # fmt: skip
     from calib.analytic.bubble import SCHEDULES
     from calib.analytic.context import cp_kind_code
@@ -219,6 +221,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         tp2d_kind=("2d", "summa").index(stack["tp2d_kind"]),
         fused_layers=parse_on_off(stack["fused_layers"], "--fused-layers"),
         shard=_parse_shards(shard_groups),
+        zero_impl=("deepspeed", "fsdp").index(zero_impl),
     )
     _check_axes(model, space)
     if space.fp8 and not machine.hw.peak_fp8_tflops:
