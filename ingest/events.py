@@ -54,6 +54,8 @@ class Events:
     args: list[Args]
     t0_us: float
     thread_names: dict[int, str] = field(default_factory=dict)  # code -> name(s)
+    #: ``args.correlation`` of every event (int64, -1 none) when the reader made it a column
+    correlation: np.ndarray | None = None
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -71,6 +73,8 @@ class Events:
 
     def int_arg(self, idx: np.ndarray, attr: str) -> np.ndarray:
         """An integer ``args`` attribute (typed in ingest.reader.Args) as int64; -1 missing."""
+        if attr == "correlation" and self.correlation is not None:
+            return self.correlation[np.asarray(idx, dtype=np.intp)]
         return np.fromiter(map(attrgetter(attr), self._args_iter(idx)), dtype=np.int64, count=len(idx))
 
     def args_of(self, idx: np.ndarray) -> list[Args]:
@@ -137,6 +141,7 @@ def normalise(raw: RawTrace) -> Events:
         args=raw.args,
         t0_us=t0,
         thread_names=thread_names,
+        correlation=raw.correlation,
     )
 
 

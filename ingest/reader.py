@@ -48,16 +48,16 @@ Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
 class Args(msgspec.Struct, gc=False, omit_defaults=True, frozen=True):
-    """The ``args`` keys calib reads; the decoder skips all others.
+    """The ``args`` keys calib reads; the decoder skips all others (``External id``,
+    ``device``, occupancy...: no analysis reads them, and each decoded value is an
+    object to allocate and free per event).
 
-    Ids are typed (a trace whose correlation ids are not integers is malformed); the
-    rest stay ``Any`` because their types vary across PyTorch versions.
+    The correlation id is typed (a trace whose correlation ids are not integers is
+    malformed); the rest stay ``Any`` because their types vary across PyTorch versions.
     """
 
     correlation: Int64 = -1
-    external_id: Int64 = msgspec.field(default=-1, name="External id")
     stream: Any = None
-    device: Any = None
     coll_name: Any = msgspec.field(default=None, name="Collective name")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
@@ -139,7 +139,7 @@ _FAST_DECODER = msgspec.json.Decoder(_FastTraceFile)
 _DECODER = msgspec.json.Decoder(TraceFile)
 _get_ts, _get_dur, _get_cat, _get_name = (attrgetter(a) for a in ("ts", "dur", "cat", "name"))
 _get_pid, _get_tid, _get_args = (attrgetter(a) for a in ("pid", "tid", "args"))
-_get_ph = attrgetter("ph")
+_get_ph, _get_corr = attrgetter("ph"), attrgetter("correlation")
 _IS_X, _IS_M = partial(eq, "X"), partial(eq, "M")  # operator.eq: False, never NotImplemented
 _LIST_DECODER = msgspec.json.Decoder(list[Event])
 
@@ -172,6 +172,10 @@ class RawTrace:
     #: already coded by the caller's coders (four code arrays, then the four coders),
     #: the list columns above left empty (``ingest.events.read_events``)
     codes: tuple[Any, ...] | None = None
+    #: with ``coders``: ``args.correlation`` of every complete event (int64, -1 none),
+    #: read while each block of events is in the CPU cache (later, one by one, each
+    #: ``Args`` is a fetch from RAM)
+    correlation: np.ndarray | None = None
 
 
 class InflateLimit(Exception):
@@ -369,6 +373,7 @@ def _columns(
         distributed_info=dist,
         device_properties=[p for p in props if isinstance(p, dict)],
         codes=None if codes is None else (*codes[:4], *coders),
+        correlation=None if codes is None else codes[5],
     )
 
 
@@ -388,10 +393,10 @@ def _fast_blocks(events: list[Any], meta: list[Any]) -> Iterator[list[Any]]:
 
 
 def _coded(blocks: Iterable[list[Any]], coders: tuple[Any, ...]) -> tuple[np.ndarray, np.ndarray, tuple]:
-    """ts, dur, and (kind, name, pid and tid codes, args) of complete events, block by
-    block; codes are assigned in order of first sight, as one pass would."""
+    """ts, dur, and (kind, name, pid and tid codes, args, correlation ids) of complete
+    events, block by block; codes are assigned in order of first sight, as one pass would."""
     kinds, names, pids, tids = (c.__getitem__ for c in coders)
-    cols: tuple[list[np.ndarray], ...] = ([], [], [], [], [], [])
+    cols: tuple[list[np.ndarray], ...] = ([], [], [], [], [], [], [])
     args: list[Args] = []
     for b in blocks:
         m = len(b)
@@ -401,12 +406,14 @@ def _coded(blocks: Iterable[list[Any]], coders: tuple[Any, ...]) -> tuple[np.nda
         cols[3].append(np.fromiter(map(names, map(_get_name, b)), dtype=np.int32, count=m))
         cols[4].append(np.fromiter(map(pids, map(_get_pid, b)), dtype=np.int32, count=m))
         cols[5].append(np.fromiter(map(tids, map(_get_tid, b)), dtype=np.int32, count=m))
-        args.extend(map(_get_args, b))
-    dtypes = (np.float64, np.float64, np.int8, np.int32, np.int32, np.int32)
-    ts, dur, kind, name, pid, tid = (
+        a = list(map(_get_args, b))
+        cols[6].append(np.fromiter(map(_get_corr, a), dtype=np.int64, count=m))
+        args += a
+    dtypes = (np.float64, np.float64, np.int8, np.int32, np.int32, np.int32, np.int64)
+    ts, dur, kind, name, pid, tid, corr = (
         np.concatenate(c) if c else np.zeros(0, dtype=t) for c, t in zip(cols, dtypes, strict=True)
     )
-    return ts, dur, (kind, name, pid, tid, args)
+    return ts, dur, (kind, name, pid, tid, args, corr)
 
 
 def _short(value: Any, limit: int = 60) -> str:
