@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from calib.ingest.reader import Args, RawTrace, read_trace
+from calib.ingest.reader import Args, RawTrace, _Codes, read_trace
 
 KERNEL, MEMCPY, MEMSET, RUNTIME, OP, ANNOTATION, GPU_ANNOTATION, OTHER = range(8)
 DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)
@@ -84,14 +84,6 @@ class Events:
     def _args_iter(self, idx: np.ndarray) -> Iterator[Args]:
         # C-level map, no intermediate list (about 20 % faster than a comprehension)
         return map(self.args.__getitem__, np.asarray(idx).tolist())
-
-
-class _Codes(dict):
-    """value -> dense integer code, assigned on first sight (C-speed via map(__getitem__))."""
-
-    def __missing__(self, key: Any) -> int:
-        code = self[key] = len(self)
-        return code
 
 
 class _KindOf(dict):
