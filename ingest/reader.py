@@ -383,11 +383,11 @@ _BLOCK = 4096
 
 def _fast_blocks(events: list[Any], meta: list[Any]) -> Iterator[list[Any]]:
     """The complete events of each block of ``events`` (tagged-union structs); the
-    metadata events are appended to ``meta`` on the way."""
+    metadata events are appended to ``meta`` on the way, in the same single pass (the
+    append returns None, so they are not kept: one type test per event, not two)."""
+    keep_meta = meta.append
     for lo in range(0, len(events), _BLOCK):
-        block = events[lo : lo + _BLOCK]
-        meta.extend([e for e in block if type(e) is _M])
-        yield [e for e in block if type(e) is _X]
+        yield [e for e in events[lo : lo + _BLOCK] if type(e) is _X or (type(e) is _M and keep_meta(e))]
 
 
 def _coded(blocks: Iterable[list[Any]], coders: tuple[Any, ...]) -> tuple[np.ndarray, np.ndarray, tuple]:
