@@ -77,6 +77,12 @@ class Events:
             return self.correlation[np.asarray(idx, dtype=np.intp)]
         return np.fromiter(map(attrgetter(attr), self._args_iter(idx)), dtype=np.int64, count=len(idx))
 
+    def args_table(self, idx: np.ndarray, attrs: tuple[str, ...]) -> list[list[Any]]:
+        """Several ``args`` attributes of the events ``idx``: one list per attribute, each
+        event's ``Args`` fetched once (not once per attribute)."""
+        args = list(self._args_iter(idx))
+        return [list(map(attrgetter(a), args)) for a in attrs]
+
     def args_of(self, idx: np.ndarray) -> list[Args]:
         """The decoded args of events ``idx``."""
         return list(self._args_iter(idx))

@@ -254,6 +254,9 @@ class StreamedEvents(Events):
     def arg(self, idx: np.ndarray, attr: str) -> list[Any]:
         return self.args.column(attr, np.asarray(idx, dtype=np.int64))
 
+    def args_table(self, idx: np.ndarray, attrs: tuple[str, ...]) -> list[list[Any]]:
+        return [self.arg(idx, a) for a in attrs]
+
     def int_arg(self, idx: np.ndarray, attr: str) -> np.ndarray:
         idx = np.asarray(idx, dtype=np.int64)
         if attr == "correlation":
