@@ -53,7 +53,7 @@ def _tensor_sizes(dims: object, types: object) -> tuple[int, int, int]:
 def _shape_sizes(ev: Events, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_tensor_sizes` of each op event in ``ops``: every distinct (Input Dims, Input
     type) pair is decoded and counted once (a training step repeats a few hundred shapes)."""
-    raw_d, raw_t = ev.arg(ops, "input_dims"), ev.arg(ops, "input_type")
+    raw_d, raw_t = ev.args_table(ops, ("input_dims", "input_type"))
     codes = _Codes()  # (dims, types) JSON -> code in order of first sight, at C speed
     inv = np.fromiter(
         map(codes.__getitem__, zip(map(bytes, raw_d), map(bytes, raw_t))), dtype=np.int64, count=len(raw_d)

@@ -62,18 +62,20 @@ def sweep(
     sorted and non-overlapping.  Intervals may overlap within and across layers.
     """
     parts = [a for s, e in layers for a in (s, e)] + [win_start, win_end]
-    bounds = sorted_unique(np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]))
+    bounds, pos = _unique_positions(np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]))
     m = len(bounds)
     if m < 2:
         empty = np.zeros(0, dtype=np.int64)
         return Sweep(bounds, empty, empty, np.zeros((len(layers), 0), bool), empty)
     active = np.empty((len(layers), m - 1), dtype=bool)
-    for k, (s, e) in enumerate(layers):
-        if len(s) == 0:
+    off = 0
+    for k, (s, _) in enumerate(layers):
+        n = len(s)
+        i0, i1 = pos[off : off + n], pos[off + n : off + 2 * n]  # where s and e are in bounds
+        off += 2 * n
+        if n == 0:
             active[k] = False
             continue
-        i0 = np.searchsorted(bounds, s)
-        i1 = np.searchsorted(bounds, e)
         depth = np.cumsum(np.bincount(i0, minlength=m) - np.bincount(i1, minlength=m))
         active[k] = depth[:-1] > 0
     # first active layer: lower layers overwrite higher ones (argmax over axis 0 is slow)
@@ -82,8 +84,7 @@ def sweep(
         owner[active[k]] = k
     seg_start = bounds[:-1]
     wid = np.searchsorted(win_start, seg_start, side="right") - 1
-    inside = wid >= 0
-    inside[inside] = seg_start[inside] < win_end[wid[inside]]
+    inside = (wid >= 0) & (seg_start < win_end[np.maximum(wid, 0)])
     wid = np.where(inside, wid, -1)
     return Sweep(bounds, np.diff(bounds), wid, active, owner)
 
@@ -102,6 +103,19 @@ def sorted_unique(a: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(a[1:], a[:-1], out=keep[1:])
     return a[keep]
+
+
+def _unique_positions(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`sorted_unique` of ``a`` and the index of each element of ``a`` in it, from
+    one stable argsort (one lookup per element would be a binary search each)."""
+    order = np.argsort(a, kind="stable")
+    s = a[order]
+    keep = np.empty(len(s), dtype=bool)
+    keep[:1] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    pos = np.empty(len(a), dtype=np.intp)
+    pos[order] = np.cumsum(keep) - 1
+    return s[keep], pos
 
 
 def inside_any(t: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
