@@ -217,9 +217,10 @@ class Nesting:
         else:
             ks, ke, levels = self._levels_of(np.flatnonzero(mask))
         todo = np.ones(len(q), dtype=bool)
+        q_sorted = bool((q[1:] >= q[:-1]).all())
         for lvl, ks_lvl in levels:
             qi = np.flatnonzero(todo)
-            pos = np.searchsorted(ks_lvl, q[qi], side="right") - 1
+            pos = _last_at_or_before(ks_lvl, q[qi], q_sorted)
             ok = pos >= 0
             cand = lvl[np.where(ok, pos, 0)]
             ok &= ke[cand] > q[qi]
@@ -228,3 +229,14 @@ class Nesting:
             if not todo.any():
                 break
         return result
+
+
+def _last_at_or_before(keys: np.ndarray, q: np.ndarray, q_sorted: bool) -> np.ndarray:
+    """``searchsorted(keys, q, side="right") - 1`` for sorted ``keys``.  With ``q`` sorted
+    too (sweep bounds, one thread's times) the search runs the other way: each key finds
+    its place among the queries, and a running count gives, per query, how many keys lie
+    at or before it -- len(keys) binary searches instead of len(q), same answer."""
+    if not q_sorted:
+        return np.searchsorted(keys, q, side="right") - 1
+    below = np.searchsorted(q, keys, side="left")  # queries strictly before each key
+    return np.cumsum(np.bincount(below, minlength=len(q) + 1)[: len(q)]) - 1
