@@ -6,7 +6,7 @@ chunk at a time; a vectorised scanner finds where whole events end inside the
 ``traceEvents`` array; each batch of whole events is decoded by the same msgspec types
 and checked by the same per-event validation as the in-memory path, then folded into
 the integer-coded columns of :class:`ingest.events.Events` and dropped.  What stays is
-about 45 bytes per complete event, so the analysis that follows is the very same code
+about 40 bytes per complete event, so the analysis that follows is the very same code
 on the very same columns.
 
 ``args`` are kept as columns too (:class:`ArgColumns`): the correlation id of every
