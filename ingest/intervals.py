@@ -76,8 +76,10 @@ def sweep(
         if n == 0:
             active[k] = False
             continue
-        depth = np.cumsum(np.bincount(i0, minlength=m) - np.bincount(i1, minlength=m))
-        active[k] = depth[:-1] > 0
+        depth = np.bincount(i0, minlength=m)  # in place: no m-sized temporaries
+        depth -= np.bincount(i1, minlength=m)
+        np.cumsum(depth, out=depth)
+        np.greater(depth[:-1], 0, out=active[k])
     # first active layer: lower layers overwrite higher ones (argmax over axis 0 is slow)
     owner = np.full(m - 1, len(layers), dtype=np.intp)
     for k in range(len(layers) - 1, -1, -1):
