@@ -150,14 +150,25 @@ def _intra_op_attribution(ev: Events, tl: Timeline, sw, k_op: int, rank: int) ->
     # query; their time is kept under one explicit label so the table sums to intra_op_s
     names = np.append(ev.names, UNNESTED)
     op_code = np.where(best >= 0, ev.name[tl.ops[np.maximum(best, 0)]], len(ev.names))
-    df = pd.DataFrame({"win": sw.window[seg], "op_code": op_code, "len": sw.length[seg].astype(np.float64)})
-    agg = df.groupby(["win", "op_code"], sort=True)["len"].sum().reset_index()
+    # sum per (window, op) in sorted order; the lengths are whole nanoseconds, so every
+    # float sum is exact and the same in any order (as pandas' groupby sum gave)
+    n_codes = len(names)
+    key = sw.window[seg].astype(np.int64) * n_codes + op_code
+    length = sw.length[seg].astype(np.float64)
+    nwin_codes = (int(sw.window[seg].max()) + 1) * n_codes
+    if nwin_codes <= 1 << 22:  # few windows x names (always, in practice): no sort
+        key_sum = np.bincount(key, weights=length, minlength=nwin_codes)
+        present = np.bincount(key, minlength=nwin_codes) > 0
+        key, total = np.flatnonzero(present), key_sum[present]
+    else:
+        key, inv = np.unique(key, return_inverse=True)
+        total = np.bincount(inv.reshape(-1), weights=length, minlength=len(key))
     return pd.DataFrame(
         {
             "rank": np.int32(rank),
-            "iteration": tl.iteration[agg["win"].to_numpy()].astype(np.int64),
-            "op": names[agg["op_code"].to_numpy()].astype(object),
-            "intra_op_s": agg["len"].to_numpy() * NS,
+            "iteration": tl.iteration[key // n_codes].astype(np.int64),
+            "op": names[key % n_codes].astype(object),
+            "intra_op_s": total * NS,
         }
     )
 

@@ -21,7 +21,7 @@ DEFAULT_FRACTION = 0.5
 #: peak resident bytes of the in-memory path per byte of inflated JSON (measured on the
 #: tiled df_index_resolver trace: 2.9 GB peak for 1.1 GB of JSON), with some margin
 IN_MEMORY_BYTES_PER_JSON_BYTE = 3.0
-#: peak memory of a streamed trace per complete event: its columns (~45 bytes) and the
+#: peak memory of a streamed trace per complete event: its columns (~40 bytes) and the
 #: analysis' arrays over them (285 bytes measured on the tiled 1.1 GB trace: 855 MB peak
 #: for 2.47 M complete events, 150 MB of it the interpreter and libraries)
 STREAMED_BYTES_PER_EVENT = 300

@@ -112,33 +112,50 @@ def compute(ev: Events, tl: Timeline, rank: int, dist_info: dict[str, Any]) -> p
     n = len(idx)
     pg_sizes = _pg_sizes(dist_info)
     if tl.device == "gpu":
-        parsed = [_KERNEL_RE.search(nm) or _OLD_KERNEL_RE.search(nm) for nm in names]
-        coll = np.array(
-            [canonical(m.group(1)) if m else canonical(nm) for m, nm in zip(parsed, names, strict=True)],
-            dtype=object,
-        )
-        dts = [_KERNEL_DTYPE_RE.search(nm) for nm in names]
-        name_dtype = [m.group(1) if m else None for m in dts]
-        name_dtype = [
-            d if d else (_OLD_DTYPES.get(m.group(2)) if m and m.re is _OLD_KERNEL_RE and m.group(2) else None)
-            for d, m in zip(name_dtype, parsed, strict=True)
+        # what the kernel name tells, once per distinct name
+        codes, inv = np.unique(ev.name[idx], return_inverse=True)
+        inv = inv.reshape(-1)
+        u_names = ev.names[codes]
+        parsed = [_KERNEL_RE.search(nm) or _OLD_KERNEL_RE.search(nm) for nm in u_names]
+        u_coll = [
+            canonical(m.group(1)) if m else canonical(nm) for m, nm in zip(parsed, u_names, strict=True)
         ]
-        arg_coll = ev.arg(idx, "coll_name")
+        dts = [_KERNEL_DTYPE_RE.search(nm) for nm in u_names]
+        u_dtype = [
+            m.group(1)
+            if m
+            else (_OLD_DTYPES.get(p.group(2)) if p and p.re is _OLD_KERNEL_RE and p.group(2) else None)
+            for m, p in zip(dts, parsed, strict=True)
+        ]
+        inv_list = inv.tolist()
+        name_dtype = [u_dtype[i] for i in inv_list]
+        arg_coll, in_n, out_n, gsize, arg_dtype, pg_name, pg_desc, seq, stream = ev.args_table(
+            idx,
+            (
+                "coll_name",
+                "in_nelems",
+                "out_nelems",
+                "group_size",
+                "dtype",
+                "pg_name",
+                "pg_desc",
+                "seq",
+                "stream",
+            ),
+        )
         coll = np.array(
-            [canonical(a) if isinstance(a, str) else c for a, c in zip(arg_coll, coll, strict=True)],
+            [
+                canonical(a) if isinstance(a, str) else u_coll[c]
+                for a, c in zip(arg_coll, inv_list, strict=True)
+            ],
             dtype=object,
         )
-        in_n = _ints(ev.arg(idx, "in_nelems"))
-        out_n = _ints(ev.arg(idx, "out_nelems"))
-        gsize = _ints(ev.arg(idx, "group_size"))
-        dtype = [a or b for a, b in zip(ev.arg(idx, "dtype"), name_dtype, strict=True)]
-        pg_name = ev.arg(idx, "pg_name")
-        pg_desc = ev.arg(idx, "pg_desc")
-        seq = _ints(ev.arg(idx, "seq"))
+        in_n, out_n, gsize, seq, stream = map(_ints, (in_n, out_n, gsize, seq, stream))
+        dtype = [a or b for a, b in zip(arg_dtype, name_dtype, strict=True)]
         _fill_from_host_ops(ev, tl, in_n, out_n, gsize, dtype, pg_name, pg_desc)
         nelems = np.maximum(in_n, out_n)
-        stream = _ints(ev.arg(idx, "stream"))
-        backend = np.where(np.char.find(np.array(names, dtype=str), "rccl") >= 0, "rccl", "nccl")
+        rccl = np.char.find(np.array(u_names, dtype=str), "rccl") >= 0
+        backend = np.where(rccl, "rccl", "nccl")[inv]
     else:
         coll = np.array([canonical(nm.split(":", 1)[-1]) for nm in names], dtype=object)
         dims = _decode_many(ev.arg(idx, "input_dims"))
@@ -157,7 +174,7 @@ def compute(ev: Events, tl: Timeline, rank: int, dist_info: dict[str, Any]) -> p
             dtype=np.int64,
         )
         backend = np.full(n, "gloo", dtype=object)
-    item = np.array([itemsize(d) for d in dtype], dtype=np.int64)
+    item = np.array(_per_str(itemsize, dtype), dtype=np.int64)
     nbytes = np.where((nelems >= 0) & (item > 0), nelems * item, -1)
     for i, name in enumerate(pg_name):
         if gsize[i] < 0 and name is not None and str(name) in pg_sizes:
@@ -177,7 +194,7 @@ def compute(ev: Events, tl: Timeline, rank: int, dist_info: dict[str, Any]) -> p
             "backend": np.asarray(backend, dtype=object),
             "pg_name": [None if v is None else str(v) for v in pg_name],
             "pg_desc": [None if v is None else str(v) for v in pg_desc],
-            "pg_role": [pg_role(d) for d in pg_desc],
+            "pg_role": _per_str(pg_role, pg_desc),
             "dtype": [None if d is None else str(d) for d in dtype],
             "nelems": nelems.astype(np.int64),
             "bytes": nbytes.astype(np.int64),
@@ -190,6 +207,21 @@ def compute(ev: Events, tl: Timeline, rank: int, dist_info: dict[str, Any]) -> p
             "stream": stream.astype(np.int64),
         }
     )
+
+
+def _per_str(fn, values: list[Any]) -> list[Any]:
+    """``[fn(v) for v in values]``, calling ``fn`` once per distinct string (others each time)."""
+    memo: dict[str, Any] = {}
+    out = []
+    for v in values:
+        if type(v) is str:
+            r = memo.get(v)
+            if r is None:
+                r = memo[v] = fn(v)
+            out.append(r)
+        else:
+            out.append(fn(v))
+    return out
 
 
 def _ints(values: list[Any]) -> np.ndarray:

@@ -53,7 +53,7 @@ def _tensor_sizes(dims: object, types: object) -> tuple[int, int, int]:
 def _shape_sizes(ev: Events, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_tensor_sizes` of each op event in ``ops``: every distinct (Input Dims, Input
     type) pair is decoded and counted once (a training step repeats a few hundred shapes)."""
-    raw_d, raw_t = ev.arg(ops, "input_dims"), ev.arg(ops, "input_type")
+    raw_d, raw_t = ev.args_table(ops, ("input_dims", "input_type"))
     codes = _Codes()  # (dims, types) JSON -> code in order of first sight, at C speed
     inv = np.fromiter(
         map(codes.__getitem__, zip(map(bytes, raw_d), map(bytes, raw_t))), dtype=np.int64, count=len(raw_d)
@@ -76,6 +76,12 @@ def _unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     inv = np.empty(len(a), dtype=np.intp)
     inv[order] = np.cumsum(first) - 1
     return s[first], inv
+
+
+def _window_of(tl: Timeline, t: np.ndarray) -> np.ndarray:
+    """Index of the window holding each time, -1 outside every window."""
+    wid = np.searchsorted(tl.win_start, t, side="right") - 1
+    return np.where((wid >= 0) & (t < tl.win_end[np.maximum(wid, 0)]), wid, -1)
 
 
 def _iteration_of(tl: Timeline, t: np.ndarray) -> np.ndarray:
@@ -137,15 +143,22 @@ def _host_steps(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
     rt = np.flatnonzero(ev.kind == RUNTIME)
     launch_name = np.array(["Launch" in n for n in ev.names], dtype=bool)  # per unique name
     launch = rt[launch_name[ev.name[rt]]]
-    it_launch = _iteration_of(tl, ev.start[launch])
-    it_ops = _iteration_of(tl, ev.start[tl.ops])
+    # per window (slot 0: outside every window), in one pass over the events
+    nw = len(tl.iteration)
+    slot_l = _window_of(tl, ev.start[launch]) + 1
+    n_ops = np.bincount(_window_of(tl, ev.start[tl.ops]) + 1, minlength=nw + 1)
+    n_launch = np.bincount(slot_l, minlength=nw + 1)
+    last_start = np.full(nw + 1, np.iinfo(np.int64).min)
+    np.maximum.at(last_start, slot_l, ev.start[launch])
     rows = []
     for w, it in enumerate(tl.iteration):
         if it < 0 and len(tl.iteration) > 1:
             continue
-        sel = launch[it_launch == it]
-        last = (ev.start[sel].max() - tl.win_start[w]) * 1e-9 if len(sel) else np.nan
-        rows.append((rank, int(it), int((it_ops == it).sum()), int(len(sel)), float(last)))
+        # iteration -1 (no steps: one window) also owns what lies outside the window
+        slots = [0, w + 1] if it < 0 else [w + 1]
+        n_l = int(n_launch[slots].sum())
+        last = (last_start[slots].max() - tl.win_start[w]) * 1e-9 if n_l else np.nan
+        rows.append((rank, int(it), int(n_ops[slots].sum()), n_l, float(last)))
     out = pd.DataFrame(rows, columns=["rank", "iteration", "n_host_ops", "n_launches", "host_issue_s"])
     return out.astype(
         {"rank": np.int32, "iteration": np.int64, "n_host_ops": np.int64, "n_launches": np.int64}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from calib.ingest.reader import Args, RawTrace, read_trace
+from calib.ingest.reader import Args, RawTrace, _Codes, read_trace
 
 KERNEL, MEMCPY, MEMSET, RUNTIME, OP, ANNOTATION, GPU_ANNOTATION, OTHER = range(8)
 DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)
@@ -54,6 +54,8 @@ class Events:
     args: list[Args]
     t0_us: float
     thread_names: dict[int, str] = field(default_factory=dict)  # code -> name(s)
+    #: ``args.correlation`` of every event (int64, -1 none) when the reader made it a column
+    correlation: np.ndarray | None = None
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -71,7 +73,15 @@ class Events:
 
     def int_arg(self, idx: np.ndarray, attr: str) -> np.ndarray:
         """An integer ``args`` attribute (typed in ingest.reader.Args) as int64; -1 missing."""
+        if attr == "correlation" and self.correlation is not None:
+            return self.correlation[np.asarray(idx, dtype=np.intp)]
         return np.fromiter(map(attrgetter(attr), self._args_iter(idx)), dtype=np.int64, count=len(idx))
+
+    def args_table(self, idx: np.ndarray, attrs: tuple[str, ...]) -> list[list[Any]]:
+        """Several ``args`` attributes of the events ``idx``: one list per attribute, each
+        event's ``Args`` fetched once (not once per attribute)."""
+        args = list(self._args_iter(idx))
+        return [list(map(attrgetter(a), args)) for a in attrs]
 
     def args_of(self, idx: np.ndarray) -> list[Args]:
         """The decoded args of events ``idx``."""
@@ -80,14 +90,6 @@ class Events:
     def _args_iter(self, idx: np.ndarray) -> Iterator[Args]:
         # C-level map, no intermediate list (about 20 % faster than a comprehension)
         return map(self.args.__getitem__, np.asarray(idx).tolist())
-
-
-class _Codes(dict):
-    """value -> dense integer code, assigned on first sight (C-speed via map(__getitem__))."""
-
-    def __missing__(self, key: Any) -> int:
-        code = self[key] = len(self)
-        return code
 
 
 class _KindOf(dict):
@@ -137,6 +139,7 @@ def normalise(raw: RawTrace) -> Events:
         args=raw.args,
         t0_us=t0,
         thread_names=thread_names,
+        correlation=raw.correlation,
     )
 
 

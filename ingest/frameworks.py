@@ -67,15 +67,18 @@ def process_groups(dist_info: dict[str, Any]) -> tuple[ProcessGroup, ...]:
 def phases_of_comm(ev: Events) -> Counter:
     """(canonical collective, phase) counts of host-side collective calls."""
     names = ev.names
-    host = np.isin(ev.kind, (OP, ANNOTATION))
-    api = np.flatnonzero(host & np.array([_API_COMM.search(n) is not None for n in names])[ev.name])
-    bwd = np.flatnonzero(host & np.array([_BACKWARD.search(n) is not None for n in names])[ev.name])
-    opt = np.flatnonzero(host & np.array([_OPTIMIZER.search(n) is not None for n in names])[ev.name])
+    host = np.flatnonzero(np.isin(ev.kind, (OP, ANNOTATION)))
+    host_name = ev.name[host]
+    api = host[np.array([_API_COMM.search(n) is not None for n in names], dtype=bool)[host_name]]
+    bwd = host[np.array([_BACKWARD.search(n) is not None for n in names], dtype=bool)[host_name]]
+    opt = host[np.array([_OPTIMIZER.search(n) is not None for n in names], dtype=bool)[host_name]]
     t = ev.start[api]
     in_bwd = inside_any(t, ev.start[bwd], ev.end[bwd])
     in_opt = inside_any(t, ev.start[opt], ev.end[opt])
     phase = np.where(in_opt, "optimizer", np.where(in_bwd, "backward", "forward"))
-    colls = [canonical(n.split("::")[-1].split(":")[-1]) for n in names[ev.name[api]]]
+    codes, inv = np.unique(ev.name[api], return_inverse=True)  # canonical() once per name
+    per_code = [canonical(n.split("::")[-1].split(":")[-1]) for n in names[codes]]
+    colls = [per_code[i] for i in inv.reshape(-1).tolist()]
     return Counter(zip(colls, phase.tolist(), strict=True))
 
 

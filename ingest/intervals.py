@@ -62,28 +62,31 @@ def sweep(
     sorted and non-overlapping.  Intervals may overlap within and across layers.
     """
     parts = [a for s, e in layers for a in (s, e)] + [win_start, win_end]
-    bounds = sorted_unique(np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]))
+    bounds, pos = _unique_positions(np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]))
     m = len(bounds)
     if m < 2:
         empty = np.zeros(0, dtype=np.int64)
         return Sweep(bounds, empty, empty, np.zeros((len(layers), 0), bool), empty)
     active = np.empty((len(layers), m - 1), dtype=bool)
-    for k, (s, e) in enumerate(layers):
-        if len(s) == 0:
+    off = 0
+    for k, (s, _) in enumerate(layers):
+        n = len(s)
+        i0, i1 = pos[off : off + n], pos[off + n : off + 2 * n]  # where s and e are in bounds
+        off += 2 * n
+        if n == 0:
             active[k] = False
             continue
-        i0 = np.searchsorted(bounds, s)
-        i1 = np.searchsorted(bounds, e)
-        depth = np.cumsum(np.bincount(i0, minlength=m) - np.bincount(i1, minlength=m))
-        active[k] = depth[:-1] > 0
+        depth = np.bincount(i0, minlength=m)  # in place: no m-sized temporaries
+        depth -= np.bincount(i1, minlength=m)
+        np.cumsum(depth, out=depth)
+        np.greater(depth[:-1], 0, out=active[k])
     # first active layer: lower layers overwrite higher ones (argmax over axis 0 is slow)
     owner = np.full(m - 1, len(layers), dtype=np.intp)
     for k in range(len(layers) - 1, -1, -1):
         owner[active[k]] = k
     seg_start = bounds[:-1]
     wid = np.searchsorted(win_start, seg_start, side="right") - 1
-    inside = wid >= 0
-    inside[inside] = seg_start[inside] < win_end[wid[inside]]
+    inside = (wid >= 0) & (seg_start < win_end[np.maximum(wid, 0)])
     wid = np.where(inside, wid, -1)
     return Sweep(bounds, np.diff(bounds), wid, active, owner)
 
@@ -102,6 +105,19 @@ def sorted_unique(a: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(a[1:], a[:-1], out=keep[1:])
     return a[keep]
+
+
+def _unique_positions(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`sorted_unique` of ``a`` and the index of each element of ``a`` in it, from
+    one stable argsort (one lookup per element would be a binary search each)."""
+    order = np.argsort(a, kind="stable")
+    s = a[order]
+    keep = np.empty(len(s), dtype=bool)
+    keep[:1] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    pos = np.empty(len(a), dtype=np.intp)
+    pos[order] = np.cumsum(keep) - 1
+    return s[keep], pos
 
 
 def inside_any(t: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -203,9 +219,10 @@ class Nesting:
         else:
             ks, ke, levels = self._levels_of(np.flatnonzero(mask))
         todo = np.ones(len(q), dtype=bool)
+        q_sorted = bool((q[1:] >= q[:-1]).all())
         for lvl, ks_lvl in levels:
             qi = np.flatnonzero(todo)
-            pos = np.searchsorted(ks_lvl, q[qi], side="right") - 1
+            pos = _last_at_or_before(ks_lvl, q[qi], q_sorted)
             ok = pos >= 0
             cand = lvl[np.where(ok, pos, 0)]
             ok &= ke[cand] > q[qi]
@@ -214,3 +231,14 @@ class Nesting:
             if not todo.any():
                 break
         return result
+
+
+def _last_at_or_before(keys: np.ndarray, q: np.ndarray, q_sorted: bool) -> np.ndarray:
+    """``searchsorted(keys, q, side="right") - 1`` for sorted ``keys``.  With ``q`` sorted
+    too (sweep bounds, one thread's times) the search runs the other way: each key finds
+    its place among the queries, and a running count gives, per query, how many keys lie
+    at or before it -- len(keys) binary searches instead of len(q), same answer."""
+    if not q_sorted:
+        return np.searchsorted(keys, q, side="right") - 1
+    below = np.searchsorted(q, keys, side="left")  # queries strictly before each key
+    return np.cumsum(np.bincount(below, minlength=len(q) + 1)[: len(q)]) - 1

@@ -48,16 +48,14 @@ Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
 class Args(msgspec.Struct, gc=False, omit_defaults=True, frozen=True):
-    """The ``args`` keys calib reads; the decoder skips all others.
+    """The ``args`` keys calib reads; the decoder skips all others (``External id``,
+    ``device``...: each decoded value is an object to allocate and free, per event).
 
-    Ids are typed (a trace whose correlation ids are not integers is malformed); the
-    rest stay ``Any`` because their types vary across PyTorch versions.
-    """
+    The correlation id is typed (a trace whose correlation ids are not integers is
+    malformed); the rest stay ``Any`` because their types vary across PyTorch versions."""
 
     correlation: Int64 = -1
-    external_id: Int64 = msgspec.field(default=-1, name="External id")
     stream: Any = None
-    device: Any = None
     coll_name: Any = msgspec.field(default=None, name="Collective name")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
@@ -139,7 +137,8 @@ _FAST_DECODER = msgspec.json.Decoder(_FastTraceFile)
 _DECODER = msgspec.json.Decoder(TraceFile)
 _get_ts, _get_dur, _get_cat, _get_name = (attrgetter(a) for a in ("ts", "dur", "cat", "name"))
 _get_pid, _get_tid, _get_args = (attrgetter(a) for a in ("pid", "tid", "args"))
-_get_ph = attrgetter("ph")
+_get_ph, _get_corr = attrgetter("ph"), attrgetter("correlation")
+_get_key = attrgetter("cat", "name", "pid", "tid")
 _IS_X, _IS_M = partial(eq, "X"), partial(eq, "M")  # operator.eq: False, never NotImplemented
 _LIST_DECODER = msgspec.json.Decoder(list[Event])
 
@@ -172,6 +171,9 @@ class RawTrace:
     #: already coded by the caller's coders (four code arrays, then the four coders),
     #: the list columns above left empty (``ingest.events.read_events``)
     codes: tuple[Any, ...] | None = None
+    #: with ``coders``: ``args.correlation`` of each complete event (int64, -1 none), read
+    #: while each block of events is in the CPU cache (later each ``Args`` is a RAM fetch)
+    correlation: np.ndarray | None = None
 
 
 class InflateLimit(Exception):
@@ -369,6 +371,7 @@ def _columns(
         distributed_info=dist,
         device_properties=[p for p in props if isinstance(p, dict)],
         codes=None if codes is None else (*codes[:4], *coders),
+        correlation=None if codes is None else codes[5],
     )
 
 
@@ -380,33 +383,47 @@ _BLOCK = 4096
 
 def _fast_blocks(events: list[Any], meta: list[Any]) -> Iterator[list[Any]]:
     """The complete events of each block of ``events`` (tagged-union structs); the
-    metadata events are appended to ``meta`` on the way."""
+    metadata events are appended to ``meta`` on the way, in the same single pass (the
+    append returns None, so they are not kept: one type test per event, not two)."""
+    keep_meta = meta.append
     for lo in range(0, len(events), _BLOCK):
-        block = events[lo : lo + _BLOCK]
-        meta.extend([e for e in block if type(e) is _M])
-        yield [e for e in block if type(e) is _X]
+        yield [e for e in events[lo : lo + _BLOCK] if type(e) is _X or (type(e) is _M and keep_meta(e))]
 
 
 def _coded(blocks: Iterable[list[Any]], coders: tuple[Any, ...]) -> tuple[np.ndarray, np.ndarray, tuple]:
-    """ts, dur, and (kind, name, pid and tid codes, args) of complete events, block by
-    block; codes are assigned in order of first sight, as one pass would."""
-    kinds, names, pids, tids = (c.__getitem__ for c in coders)
-    cols: tuple[list[np.ndarray], ...] = ([], [], [], [], [], [])
+    """ts, dur, and (kind, name, pid and tid codes, args, correlation ids) of complete
+    events, block by block.  One lookup per event, of its (cat, name, pid, tid); the coders
+    see the distinct keys in order of first sight, so assign the codes one pass would."""
+    keys = _Codes()
+    key_code = keys.__getitem__
+    cols: tuple[list[np.ndarray], ...] = ([], [], [], [])
     args: list[Args] = []
     for b in blocks:
         m = len(b)
         cols[0].append(np.fromiter(map(_get_ts, b), dtype=np.float64, count=m))
         cols[1].append(np.fromiter(map(_get_dur, b), dtype=np.float64, count=m))
-        cols[2].append(np.fromiter(map(kinds, map(_get_cat, b)), dtype=np.int8, count=m))
-        cols[3].append(np.fromiter(map(names, map(_get_name, b)), dtype=np.int32, count=m))
-        cols[4].append(np.fromiter(map(pids, map(_get_pid, b)), dtype=np.int32, count=m))
-        cols[5].append(np.fromiter(map(tids, map(_get_tid, b)), dtype=np.int32, count=m))
-        args.extend(map(_get_args, b))
-    dtypes = (np.float64, np.float64, np.int8, np.int32, np.int32, np.int32)
-    ts, dur, kind, name, pid, tid = (
-        np.concatenate(c) if c else np.zeros(0, dtype=t) for c, t in zip(cols, dtypes, strict=True)
+        cols[2].append(np.fromiter(map(key_code, map(_get_key, b)), dtype=np.intp, count=m))
+        a = list(map(_get_args, b))
+        cols[3].append(np.fromiter(map(_get_corr, a), dtype=np.int64, count=m))
+        args += a
+    ts, dur, key, corr = (
+        np.concatenate(c) if c else np.zeros(0, dtype=t)
+        for c, t in zip(cols, (np.float64, np.float64, np.intp, np.int64), strict=True)
     )
-    return ts, dur, (kind, name, pid, tid, args)
+    kinds, names, pids, tids = coders
+    per_key = [(kinds[c], names[n], pids[p], tids[t]) for c, n, p, t in keys]
+    table = np.array(per_key, dtype=np.int64).reshape(-1, 4)
+    dtypes = (np.int8, np.int32, np.int32, np.int32)
+    kind, name, pid, tid = (table[:, j].astype(t)[key] for j, t in enumerate(dtypes))
+    return ts, dur, (kind, name, pid, tid, args, corr)
+
+
+class _Codes(dict):
+    """value -> dense integer code, assigned on first sight (C-speed via map(__getitem__))."""
+
+    def __missing__(self, key: Any) -> int:
+        code = self[key] = len(self)
+        return code
 
 
 def _short(value: Any, limit: int = 60) -> str:

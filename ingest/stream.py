@@ -6,11 +6,11 @@ chunk at a time; a vectorised scanner finds where whole events end inside the
 ``traceEvents`` array; each batch of whole events is decoded by the same msgspec types
 and checked by the same per-event validation as the in-memory path, then folded into
 the integer-coded columns of :class:`ingest.events.Events` and dropped.  What stays is
-about 45 bytes per complete event, so the analysis that follows is the very same code
+about 40 bytes per complete event, so the analysis that follows is the very same code
 on the very same columns.
 
-``args`` are kept as columns too (:class:`ArgColumns`): the two ids of every event as
-int64, and everything else deduplicated (kernels on one stream share one entry, ops
+``args`` are kept as columns too (:class:`ArgColumns`): the correlation id of every
+event as int64, and everything else deduplicated (kernels on one stream share one entry, ops
 with the same shapes share one), since a struct per event is what costs the memory.
 """
 
@@ -40,12 +40,12 @@ from calib.ingest.splitter import Splitter
 
 from calib.core.errors import InputError
 
-_ID_FIELDS = ("correlation", "external_id")
+_ID_FIELDS = ("correlation",)
 _RAW_FIELDS = tuple(f for f in Args.__struct_fields__ if isinstance(getattr(Args(), f), msgspec.Raw))
 _PLAIN_FIELDS = tuple(f for f in Args.__struct_fields__ if f not in _ID_FIELDS + _RAW_FIELDS)
 _get_plain = attrgetter(*_PLAIN_FIELDS)
 _get_raws = attrgetter(*_RAW_FIELDS)
-_get_corr, _get_ext = attrgetter("correlation"), attrgetter("external_id")
+_get_corr = attrgetter("correlation")
 _encode = msgspec.json.encode
 
 
@@ -92,7 +92,7 @@ class _Columns:
         self.n_events = 0
         self.n_complete = 0
         self.parts: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("ts", "dur", "cat", "name", "th", "corr", "ext", "tail")
+            k: [] for k in ("ts", "dur", "cat", "name", "th", "corr", "tail")
         }
         self.cats, self.names, self.threads, self.tails = _Codes(), _Codes(), _Codes(), _Codes()
         self.tail_args: list[Args] = []
@@ -124,7 +124,6 @@ class _Columns:
         p["th"].append(np.fromiter(map(self.threads.__getitem__, zip(raw.pid, raw.tid)), np.int32, n))
         args = raw.args
         p["corr"].append(np.fromiter(map(_get_corr, args), np.int64, n))
-        p["ext"].append(np.fromiter(map(_get_ext, args), np.int64, n))
         keys = _tail_keys(args)
         before = len(self.tails)
         codes = np.fromiter(map(self.tails.__getitem__, keys), np.int32, n)
@@ -167,7 +166,7 @@ class _Columns:
             names=names.names,
             thread=threads.thread[p.pop("th")],
             threads=threads.threads,
-            args=ArgColumns(p.pop("corr"), p.pop("ext"), p.pop("tail"), self.tail_args),
+            args=ArgColumns(p.pop("corr"), p.pop("tail"), self.tail_args),
             t0_us=t0,
             thread_names={i: self.thread_names.get(t, "") for i, t in enumerate(threads.threads)},
         )
@@ -182,15 +181,15 @@ def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
 
 
 def _tail_keys(args: list[Args]) -> Iterator[bytes]:
-    """Everything but the two ids, as JSON bytes: hashable even when a value is a list,
+    """Everything but the correlation id, as JSON bytes: hashable even when a value is a list,
     and 1, 1.0 and true stay distinct.  (C-level maps: no Python frame per event.)"""
     return map(_encode, zip(map(_get_plain, args), map(_get_raws, args)))
 
 
 def _tail_of(a: Args) -> Args:
-    """A copy of ``a`` without its ids, owning its raw JSON (not pinning a batch buffer)."""
+    """A copy of ``a`` without its correlation id, owning its raw JSON (not pinning a batch buffer)."""
     raws = {f: getattr(a, f).copy() for f in _RAW_FIELDS}
-    return msgspec.structs.replace(a, correlation=-1, external_id=-1, **raws)
+    return msgspec.structs.replace(a, correlation=-1, **raws)
 
 
 def _probe(path: Path, **column: list[Any]) -> Events:
@@ -222,14 +221,14 @@ def _header_raw(path: Path, doc: TraceFile, cols: _Columns, stream: Inflated) ->
 
 
 class ArgColumns(Sequence):
-    """``Events.args`` as columns: ids as int64, the rest deduplicated.
+    """``Events.args`` as columns: correlation ids as int64, the rest deduplicated.
 
     Indexing gives an :class:`ingest.reader.Args` equal to the decoded one, so code
     written for the in-memory list works unchanged; :meth:`column` is the fast path.
     """
 
-    def __init__(self, corr: np.ndarray, ext: np.ndarray, tail: np.ndarray, tails: list[Args]) -> None:
-        self.corr, self.ext, self.tail, self.tails = corr, ext, tail, tails
+    def __init__(self, corr: np.ndarray, tail: np.ndarray, tails: list[Args]) -> None:
+        self.corr, self.tail, self.tails = corr, tail, tails
 
     def __len__(self) -> int:
         return len(self.corr)
@@ -238,13 +237,11 @@ class ArgColumns(Sequence):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         t = self.tails[self.tail[i]]
-        return msgspec.structs.replace(t, correlation=int(self.corr[i]), external_id=int(self.ext[i]))
+        return msgspec.structs.replace(t, correlation=int(self.corr[i]))
 
     def column(self, attr: str, idx: np.ndarray) -> list[Any]:
         if attr == "correlation":
             return self.corr[idx].tolist()
-        if attr == "external_id":
-            return self.ext[idx].tolist()
         values = [getattr(t, attr) for t in self.tails]
         codes = self.tail[idx]
         return [values[c] for c in codes.tolist()]
@@ -257,10 +254,11 @@ class StreamedEvents(Events):
     def arg(self, idx: np.ndarray, attr: str) -> list[Any]:
         return self.args.column(attr, np.asarray(idx, dtype=np.int64))
 
+    def args_table(self, idx: np.ndarray, attrs: tuple[str, ...]) -> list[list[Any]]:
+        return [self.arg(idx, a) for a in attrs]
+
     def int_arg(self, idx: np.ndarray, attr: str) -> np.ndarray:
         idx = np.asarray(idx, dtype=np.int64)
         if attr == "correlation":
             return self.args.corr[idx]
-        if attr == "external_id":
-            return self.args.ext[idx]
         return np.fromiter(self.args.column(attr, idx), dtype=np.int64, count=len(idx))

@@ -281,7 +281,7 @@ def conform(name: str, df: pd.DataFrame) -> pa.Table:
         raise ValueError(f"table {name}: missing columns {missing}, unexpected {extra}")
     if list(df.columns) != schema.names:  # selecting copies the frame: only when needed
         df = df[schema.names]
-    return pa.Table.from_pandas(df, schema=schema, preserve_index=False)
+    return pa.Table.from_pandas(df, schema=schema, preserve_index=False, nthreads=1)
 
 
 @dataclass(frozen=True)
