@@ -184,6 +184,12 @@ def _derived_measures(out: pd.DataFrame, where: str) -> pd.DataFrame:
         return out
     out = out.copy()
     vals = {c: pd.to_numeric(out[c], errors="coerce") for c in cols}
+    for c in cols:
+        text = out[c].astype(object).where(out[c].notna(), "").astype(str).str.strip()
+        bad = vals[c].isna() & ~text.isin(("", "nan", "None"))
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise InputError(where, f"row {i + 1}: column '{c}' must be a number, got '{text.iloc[i]}'")
     gpus = out["gpus"].astype(float)
     tok = pd.Series(np.nan, index=out.index)
     if "measured_tokens_per_s" in vals:

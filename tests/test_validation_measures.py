@@ -71,3 +71,6 @@ def test_bad_mfu_is_one_line(tmp_path):
     with pytest.raises(InputError) as e:
         read_table(_write(tmp_path, df.assign(measured_mfu=0.5, hardware=""), "nohw.csv"))
     assert "needs the row's hardware" in e.value.problem
+    with pytest.raises(InputError) as e:
+        read_table(_write(tmp_path, df.assign(measured_tokens_per_s=["fast", 1.0]), "word.csv"))
+    assert "'measured_tokens_per_s' must be a number" in e.value.problem
