@@ -371,9 +371,10 @@ def load_model(name_or_file: str) -> ModelSpec:
 
 
 def load_hardware(name_or_file: str) -> HardwareSpec:
-    """A preset by name or alias (case-insensitive) or a YAML/JSON file with HardwareSpec fields."""
+    """A preset by name or alias (case-insensitive; spaces and underscores read as hyphens:
+    ``A100 80GB``, ``h100_80gb``) or a YAML/JSON file with HardwareSpec fields."""
     presets, aliases = _hardware_presets()
-    key = name_or_file.strip().lower()
+    key = "-".join(name_or_file.strip().lower().replace("_", " ").split())
     key = aliases.get(key, key)
     if key in presets:
         return presets[key]

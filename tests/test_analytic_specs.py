@@ -56,6 +56,16 @@ def test_required_presets_exist():
     assert load_hardware("selene").name == "dgx-a100-80gb"
 
 
+def test_hardware_names_as_tables_write_them():
+    # device names as published tables print them: spaces and underscores read as hyphens
+    for name, preset in (("A100 80GB", "dgx-a100-80gb"), ("a100_40gb", "tg40"), ("H100 SXM5 80GB", "dgx-h100"),
+                         ("hgx_h100", "dgx-h100"), ("h100-80gb", "dgx-h100")):  # fmt: skip
+        hw = load_hardware(name)
+        assert hw.name == preset and hw.hbm_gb == (40 if "40" in name else 80)
+    with pytest.raises(InputError):
+        load_hardware("A100")  # 40 GB or 80 GB: ambiguous, no alias
+
+
 @pytest.mark.parametrize(
     ("preset", "row"),
     [
