@@ -16,7 +16,8 @@ micro_batch,           yes       sequences per micro-batch and per iteration
 global_batch
 interleave             no        virtual pipeline stages per GPU (default 1)
 zero                   no        ZeRO stage 0-3 (default 0; FSDP FULL_SHARD = 3)
-recompute              no        none | selective | full (default none)
+recompute              no        none | selective | full (default none; true/false read
+                                 as full/none, activation checkpointing on/off)
 seq_parallel           no        true/false (default false)
 dp_overlap             no        DP/ZeRO comm overlapped with compute (default false)
 flash_attention        no        fused attention, no s x s tensors kept (default false)
@@ -117,6 +118,12 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
             i = int(np.flatnonzero((out[col] < 1).to_numpy())[0])
             raise InputError(where, f"row {i + 1}: column '{col}' must be at least 1")
     out["recompute"] = out["recompute"].astype(str).str.strip().str.lower()
+    # "activation checkpointing: yes/no" as tables print it: full recompute or none
+    # (not 0/1: a number could mean a recompute code)
+    flags = dict.fromkeys(("true", "yes", "y", "t"), "full") | dict.fromkeys(
+        ("false", "no", "n", "f"), "none"
+    )
+    out["recompute"] = out["recompute"].replace(flags)
     bad = ~out["recompute"].isin(RECOMPUTE_NAMES)
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])

@@ -74,3 +74,13 @@ def test_bad_mfu_is_one_line(tmp_path):
     with pytest.raises(InputError) as e:
         read_table(_write(tmp_path, df.assign(measured_tokens_per_s=["fast", 1.0]), "word.csv"))
     assert "'measured_tokens_per_s' must be a number" in e.value.problem
+
+
+def test_recompute_as_activation_checkpointing_flags(tmp_path):
+    _, df = _canonical(tmp_path, 3)
+    df = df.assign(measured_tokens_per_s_per_gpu=[400.0, 370.0, 570.0])
+    got, _ = read_table(_write(tmp_path, df.assign(recompute=["True", "no", "selective"]), "flags.csv"))
+    assert got["recompute"].tolist() == ["full", "none", "selective"]
+    with pytest.raises(InputError) as e:
+        read_table(_write(tmp_path, df.assign(recompute=["1", "full", "full"]), "code.csv"))
+    assert "recompute must be none, selective or full" in e.value.problem
