@@ -18,10 +18,11 @@ by module; at the step's peak the unsharded parameters and gradients are all res
 so the model states are ZeRO-1's: 2 P + 2 P + 12 P / d (the sharded fp32 copy is the
 master weight of the 12).
 
-ZeRO-2 with PP keeps ZeRO-2's own semantics per stage -- gradients reduced and sharded
-per micro-batch, parameters whole -- which is what Llama 3 describes for its FSDP with
-PP 16: "shards optimizer states and gradients, but for model shards we do not reshard
-after forward computation" (arXiv:2407.21783 sec. 3.3.2).
+The same holds for FSDP's ZeRO-2 (SHARD_GRAD_OP, ``zero_impl`` fsdp) under torch
+pipelining.  ZeRO-2 with PP otherwise keeps ZeRO-2's own semantics per stage --
+gradients reduced and sharded per micro-batch, parameters whole -- which is what Llama 3
+describes for its FSDP with PP 16: "shards optimizer states and gradients, but for model
+shards we do not reshard after forward computation" (arXiv:2407.21783 sec. 3.3.2).
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ import numpy as np
 
 
 def active(st) -> np.ndarray:
-    """True where ZeRO-3 runs with PP > 1 (the semantics above)."""
-    return (np.asarray(st.zero) == 3) & (np.asarray(st.pp) > 1)
+    """True where ZeRO-3, or FSDP's ZeRO-2, runs with PP > 1 (the semantics above)."""
+    z = np.asarray(st.zero)
+    fsdp_z2 = (z == 2) & (np.asarray(st.zero_impl) == 1)
+    return ((z == 3) | fsdp_z2) & (np.asarray(st.pp) > 1)
 
 
 def memory_strategies(st):
     """``st`` with the ZeRO stage whose memory formula holds at the step's peak (ZeRO-1
-    for ZeRO-3 with PP, unchanged otherwise)."""
+    where :func:`active`, unchanged otherwise)."""
     on = active(st)
     if not np.any(on):
         return st

@@ -80,3 +80,12 @@ def test_accepted_and_hybrid_with_pp():
               "--zero", "3", "--pp", "4", "--global-batch", "64", "--csv").output  # fmt: skip
     row = dict(zip(*(line.split(",") for line in out.splitlines()[:2]), strict=True))
     assert float(row["iter_s"]) > 0 and row["zero"] == "3" and row["pp"] == "4"
+
+
+def test_fsdp_zero2_with_pp_runs_as_torch_pipelining():
+    # FSDP's SHARD_GRAD_OP under torch pipelining: one gather + one reduce-scatter per step
+    st = _st(2, pp=4, m=8, zero_impl=1)
+    r, c = evaluate(MODEL, SYSTEM, st), comm_times(MODEL, SYSTEM, st)
+    assert float(r["dp_allgather_s"]) == pytest.approx(float(c["dp_ag_z3_s"]), rel=1e-12)
+    assert float(r["dp_reducescatter_s"]) == pytest.approx(float(c["dp_rs_z3_s"]), rel=1e-12)
+    assert float(r["mem_grads_bytes"]) == pytest.approx(2.0 * _stage_params(4), rel=1e-9)
