@@ -173,6 +173,7 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
         if col not in out.columns:
             out[col] = ""
         out[col] = out[col].fillna("").astype(str)
+    out["hardware"] = _spec_paths(out["hardware"], Path(where).parent)
     _check_hardware(out, where)
     return out.reset_index(drop=True)
 
@@ -238,6 +239,18 @@ def _derived_measures(out: pd.DataFrame, where: str) -> pd.DataFrame:
         out["measured_tflops_per_gpu"] = pd.to_numeric(own, errors="coerce").fillna(tflops)
         conv = out.get("tflops_convention", pd.Series("", index=out.index)).fillna("").astype(str)
         out["tflops_convention"] = conv.where(~use, "model")
+    return out
+
+
+def _spec_paths(hw: pd.Series, table_dir: Path) -> pd.Series:
+    """A hardware spec file named by a relative path is read next to the table when it is
+    not found from the working directory (a table shipped with its cluster's YAML)."""
+    out = hw.copy()
+    for h in hw.unique():
+        p = Path(h)
+        spec = bool(h) and p.suffix.lower() in (".yaml", ".yml", ".json") and not p.is_absolute()
+        if spec and not p.exists() and (table_dir / p).exists():
+            out[hw == h] = str(table_dir / p)
     return out
 
 

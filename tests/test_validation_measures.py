@@ -84,3 +84,20 @@ def test_recompute_as_activation_checkpointing_flags(tmp_path):
     with pytest.raises(InputError) as e:
         read_table(_write(tmp_path, df.assign(recompute=["1", "full", "full"]), "code.csv"))
     assert "recompute must be none, selective or full" in e.value.problem
+
+
+def test_hardware_spec_next_to_the_table(tmp_path, monkeypatch):
+    """A relative spec path in the hardware column is read next to the table."""
+    import yaml
+    from calib.analytic.specs import load_hardware
+
+    hw = load_hardware("dgx-a100-80gb")
+    keys = ("device", "peak_tflops", "hbm_gb", "hbm_tbps", "gpus_per_node", "scale_up_gbps", "node_nic_gbps")
+    (tmp_path / "cluster.yaml").write_text(
+        yaml.safe_dump({"name": "cluster", **{k: getattr(hw, k) for k in keys}})
+    )
+    _, df = _canonical(tmp_path, 2)
+    df = df.assign(measured_tokens_per_s_per_gpu=[400.0, 370.0], hardware="cluster.yaml")
+    monkeypatch.chdir(tmp_path.parent)  # the spec is not in the working directory
+    got, _ = read_table(_write(tmp_path, df, "t.csv"))
+    assert set(got["hardware"]) == {str(tmp_path / "cluster.yaml")}
