@@ -161,8 +161,9 @@ def comm_extra(model, cal, gpn, st, b, s, d, kv_frac) -> dict[str, np.ndarray]:
         T = MOE.tokens_per_gpu(b, s, cp, t)
         k_ep = members_per_node(ep, 1, gpn)
         bpv = np.where(st.fp8, PR.DISPATCH_FP8_BYTES, F.BYTES_PER_VALUE)
-        disp = MOE.dispatch_bytes(T, mo["k"], d, mo["cap"], bpv)
-        comb = MOE.dispatch_bytes(T, mo["k"], d, mo["cap"], F.BYTES_PER_VALUE)
+        load = MOE.load_factor(model, T, ep)  # the busiest rank receives that many more
+        disp = load * MOE.dispatch_bytes(T, mo["k"], d, mo["cap"], bpv)
+        comb = load * MOE.dispatch_bytes(T, mo["k"], d, mo["cap"], F.BYTES_PER_VALUE)
         out["ep_dispatch_s"], out["ep_combine_s"] = _many(cal, ALLTOALL, (disp, ep, k_ep), (comb, ep, k_ep))
     if np.any(cp > 1):
         k_cp = members_per_node(cp, t, gpn)
@@ -239,9 +240,10 @@ def moe_layer_s(model, system, st, b, s_loc, d, t, mats, rc, eff_fn, peak) -> np
     lin_peak = np.where(lin_peak > 0, lin_peak, peak)
     x_e = MOE.expert_gemm_flops(T, mo["k"], mo["cap"], st.ep.astype(float), mo["E"], d, mo["f_e"])
     x_sh = 2.0 * T * d * mo["f_e"]
-    routed = fl["routed"] / (lin_peak * eff_fn(x_e))
+    load = MOE.load_factor(model, T, st.ep)  # the busiest EP rank sets the pace (dropless)
+    routed = load * fl["routed"] / (lin_peak * eff_fn(x_e))
     shared = fl["shared"] / (lin_peak * eff_fn(np.maximum(x_sh, 1.0)))
-    routed_tok = mo["cap"] * T * mo["k"]
+    routed_tok = load * mo["cap"] * T * mo["k"]
     nbytes = MOE.DISPATCH_PASSES * routed_tok * d * F.BYTES_PER_VALUE
     casts = routed_tok * (
         PR.CAST_IN_BYTES * (d + mo["f_e"]) + PR.CAST_GRAD_BYTES * ((mats - 1.0) * mo["f_e"] + d)

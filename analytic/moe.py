@@ -21,8 +21,10 @@ parallel folding); tokens are split over the TP ranks (sequence parallelism), so
 routes T = b s / (cp t) tokens.  Per MoE layer and micro-batch each GPU sends
 T k d values in the dispatch all-to-all and receives as many back in the combine; the
 backward repeats both.  A capacity factor C (token dropping, Fedus et al. 2021 Switch
-Transformer) pads every expert to C T k ep / E tokens; ``None`` is dropless (C = 1 on
-balanced routing -- load imbalance is not modelled).
+Transformer) pads every expert to C T k ep / E tokens; ``None`` is dropless: the slowest
+EP rank sets the pace, and even a perfectly balanced router leaves it
+:func:`max_load_factor` times the mean load (the statistical floor; the skew of a learned
+router is not modelled).
 
 The experts of one GPU run as a grouped GEMM: E / ep GEMMs of M = ep T k C / E tokens
 each, so their efficiency follows the per-expert FLOPs 2 M d f_e, not the layer's.
@@ -117,6 +119,33 @@ def tokens_per_gpu(b: ArrayLike, s: ArrayLike, cp: ArrayLike, t: ArrayLike) -> n
     """T = b s / (cp t): the tokens one GPU routes (sequence parallel over TP, CP shards)."""
     b, s, cp, t = (np.asarray(x, dtype=float) for x in (b, s, cp, t))
     return b * s / (cp * t)
+
+
+def max_load_factor(T: ArrayLike, k: float, ep: ArrayLike) -> np.ndarray:
+    """Expected load of the busiest of ``ep`` ranks over the mean, routing balanced.
+
+    Each of the ep T k token-to-expert assignments of an EP group lands on a given rank
+    with probability 1/ep, so a rank's load is Binomial(ep T k, 1/ep): mean T k, standard
+    deviation sqrt(T k (1 - 1/ep)).  The expected largest of ep such loads is the mean plus
+    z_ep deviations, z_ep = Phi^-1((ep - 0.375) / (ep + 0.25)) (Blom 1958, the expected
+    maximum of ep normal samples): 1 + z_ep sqrt((1 - 1/ep) / (T k)).  Mixtral 8x7B, EP 8,
+    4096 tokens per GPU, top-2: 1 + 1.434 x 0.01034 = 1.0148.
+    """
+    from scipy.special import ndtri
+
+    ep = np.asarray(ep, dtype=float)
+    Tk = np.maximum(np.asarray(T, dtype=float) * k, 1.0)
+    z = ndtri((ep - 0.375) / (ep + 0.25))
+    return 1.0 + np.where(ep > 1, z * np.sqrt(np.maximum(1.0 - 1.0 / ep, 0.0) / Tk), 0.0)
+
+
+def load_factor(model, T: ArrayLike, ep: ArrayLike) -> np.ndarray:
+    """The busiest EP rank's load over the mean: :func:`max_load_factor` when dropless, 1
+    with a capacity factor (every expert is padded to its capacity)."""
+    m = terms(model)
+    if not m["E"] or model.capacity_factor:
+        return np.ones(np.broadcast_shapes(np.shape(T), np.shape(ep)))
+    return max_load_factor(T, m["k"], ep)
 
 
 def dispatch_bytes(T: ArrayLike, k: float, d: ArrayLike, cap: float = 1.0, bytes_per_value: ArrayLike = 2.0):

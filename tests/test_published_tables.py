@@ -167,7 +167,8 @@ def test_h800_preset_is_the_h100_with_its_nvlink_cut():
 
 
 def test_deepseek_v3_uncalibrated_error_stays_under_its_regression_bound():
-    # one row: nothing to calibrate on (decided before running); observed +13.65 %, bound 15 %
+    # one row: nothing to calibrate on (decided before running); observed +13.16 % (+13.65 % before the
+    # busiest-EP-rank load factor), bound 15 %
     df, _ = read_table(DSV3)
     v = validate(df, str(DSV3), fit_kind="none")
     assert v.summary["n_heldout"] == 1 and not v.rows["oom"].any()
