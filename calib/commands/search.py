@@ -47,17 +47,6 @@ def parse_gpu_spec(text: str) -> list[int]:
     return out
 
 
-def _parse_shards(text: str) -> tuple[int, ...]:
-    """Shard-group sizes: non-negative integers (0 = the whole DP group)."""
-    try:
-        vals = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    except ValueError:
-        raise InputError("--shard-groups", f"expected sizes like 0,8, got '{text}'") from None
-    if not vals or min(vals) < 0:
-        raise InputError("--shard-groups", f"sizes must be 0 or positive, got '{text}'")
-    return vals
-
-
 def parse_zero(text: str) -> tuple[int, ...]:
     try:
         stages = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
@@ -220,7 +209,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         tp_c=parse_list(stack["tp_cols"], "--tp-cols", (1,)),
         tp2d_kind=("2d", "summa").index(stack["tp2d_kind"]),
         fused_layers=parse_on_off(stack["fused_layers"], "--fused-layers"),
-        shard=_parse_shards(shard_groups),
+        shard=parse_list(shard_groups, "--shard-groups", (0,), minimum=0),  # 0: the whole DP group
         zero_impl=("deepspeed", "fsdp").index(zero_impl),
     )
     _check_axes(model, space)

@@ -175,15 +175,17 @@ def stack_options(f):
     return f
 
 
-def parse_list(text: str | None, option: str, default: tuple[int, ...]) -> tuple[int, ...]:
+def parse_list(text: str | None, option: str, default: tuple[int, ...], minimum: int = 1) -> tuple[int, ...]:
+    """Comma-separated integers, each at least ``minimum``, sorted and without repeats."""
     if text is None:
         return default
     try:
         vals = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
     except ValueError:
         raise InputError(option, f"expected comma-separated integers like 1,2,4, got '{text}'") from None
-    if not vals or min(vals) < 1:
-        raise InputError(option, f"values must be positive integers, got '{text}'")
+    if not vals or min(vals) < minimum:
+        what = "positive integers" if minimum == 1 else f"integers >= {minimum}"
+        raise InputError(option, f"values must be {what}, got '{text}'")
     return vals
 
 
