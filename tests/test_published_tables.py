@@ -37,6 +37,7 @@ MTNLG = PUB / "mtnlg530b_smith2022_iteration_times.csv"
 SC21T2 = PUB / "megatron_sc21_table2_ptdp_vs_zero3.csv"
 H100 = PUB / "mosaicml_llmfoundry_fsdp_h100_bf16.csv"
 H100_FP8 = PUB / "mosaicml_llmfoundry_fsdp_h100_fp8.csv"
+TORCHTITAN = PUB / "torchtitan_fsdp2_a100_llama.csv"
 LLAMA3 = PUB / "llama3_405b_table4_scaling.csv"
 DSV3 = PUB / "deepseek_v3_h800_pretraining.csv"
 
@@ -214,6 +215,16 @@ def test_mosaic_h100_fp8_values_round_trip_from_the_source():
     assert fmt == "mosaicml" and set(df["precision"]) == {"fp8"} and set(df["hardware"]) == {"dgx-h100"}
 
 
+def test_torchtitan_values_round_trip_from_the_source():
+    # "| 70B | 2 | full | 353 | 50.5% |" (docs/performance.md, Llama 2 table); WPS per GPU
+    df, fmt = read_table(TORCHTITAN)
+    assert fmt == "canonical" and len(df) == 6 and set(df["zero_impl"]) == {"fsdp"}
+    got = dict(zip(df["label"], df["measured_tokens_per_s_per_gpu"], strict=True))
+    assert got == {"tt-llama3-8b-b1-selop": 2973, "tt-llama3-70b-b1-full": 331, "tt-llama2-13b-b2-none": 2162,
+                   "tt-llama2-13b-b2-selop": 1904, "tt-llama2-70b-b1-selop": 355, "tt-llama2-70b-b2-full": 353}  # fmt: skip
+    assert (df["global_batch"] == 64 * df["micro_batch"]).all() and set(df["gpus"]) == {64}
+
+
 def test_jean_zay_preset_is_four_100g_links_per_node():
     hw = load_hardware("jean-zay")
     assert hw.node_nic_gbps == 4 * 100 / 8  # "4 OmniPath links", 100 Gb/s each -> GB/s per node
@@ -230,7 +241,13 @@ EVERY_THIRD = [
     (PUB / "megatron_readme_2020_tp_dp_scaling_iteration_times.csv", 8, 2.98, 5.0),
     (PUB / "mosaicml_llmfoundry_fsdp_a100.csv", 92, 9.06, 10.0),
     (H100, 34, 12.97, 15.0),  # 13.08 before FSDP ran as FSDP (analytic.dp_exposure)
-    (H100_FP8, 6, 12.92, 15.0),  # added with FP8 in the model; split every-third, decided before running
+    (H100_FP8, 6, 12.92, 15.0),
+    (
+        TORCHTITAN,
+        4,
+        6.94,
+        10.0,
+    ),  # added at stop 17; split every-third, decided before running  # added with FP8 in the model; split every-third, decided before running
     (LLAMA3, 2, 7.17, 10.0),  # calibrate on row 1 (decided before running, fixtures/published/SOURCE.txt)
 ]
 
