@@ -21,6 +21,8 @@ from calib.commands.stack_options import (
     pop_stack,
     stack_label,
     stack_options,
+    zero_impl_code,
+    zero_impl_option,
 )
 from calib.core.errors import InputError
 
@@ -91,9 +93,7 @@ Example:
     help="Overlap DP/ZeRO collectives with backward (and ZeRO-3 forward) compute.",
 )
 @click.option("--flash-attention", is_flag=True, help="Fused attention: no s x s activations kept or moved.")
-@click.option("--zero-impl", type=Choice(("deepspeed", "fsdp")), default="deepspeed", show_default=True,
-              help="ZeRO as DeepSpeed or PyTorch FSDP runs it (FSDP: no re-gather in the recomputed forward, "
-              "ZeRO-2 gathers every micro-batch).")  # fmt: skip
+@zero_impl_option
 @click.option("--shard-group", "shard", type=Int(0), default=0, show_default=True,
               help="Hybrid sharding (FSDP HYBRID_SHARD, MiCS): ZeRO-2/3 states sharded over this many DP "
               "ranks, replicated across groups (0 = the whole DP group; 8 = one DGX node).")  # fmt: skip
@@ -149,7 +149,7 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
                 recompute=recompute_code(recompute), seq_parallel=seq_parallel, interleave=interleave,
                 dp_overlap=dp_overlap, flash_attention=flash_attention, fused_layers=fused_layers, tp_c=tp_cols,
                 tp2d_kind=("2d", "summa").index(tp2d_kind), shard=shard,
-                zero_impl=("deepspeed", "fsdp").index(zero_impl), **stack)  # fmt: skip
+                zero_impl=zero_impl_code(zero_impl), **stack)  # fmt: skip
     result = run_predict(model, machine, parse_gpus(require(gpus, "--gpus")), plan)
     notes = notes + result.notes
     if energy:

@@ -21,6 +21,8 @@ from calib.commands.stack_options import (
     parse_list,
     parse_schedules,
     pop_moe,
+    zero_impl_code,
+    zero_impl_option,
 )
 from calib.core.errors import InputError
 
@@ -100,8 +102,7 @@ Examples:
     help="How many strategies to list.",
 )
 @click.option("--zero", "zero_stages", default="0,1,2,3", show_default=True, help="ZeRO stages to consider.")
-@click.option("--zero-impl", type=Choice(("deepspeed", "fsdp")), default="deepspeed", show_default=True,
-              help="ZeRO as DeepSpeed or PyTorch FSDP runs it (analytic.dp_exposure).")  # fmt: skip
+@zero_impl_option
 @click.option("--shard-groups", "shard_groups", default="0", show_default=True,
               help="Hybrid sharding shard-group sizes for ZeRO-2/3 (FSDP HYBRID_SHARD), e.g. 0,8 "
               "(0 = the whole DP group).")  # fmt: skip
@@ -210,7 +211,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         tp2d_kind=("2d", "summa").index(stack["tp2d_kind"]),
         fused_layers=parse_on_off(stack["fused_layers"], "--fused-layers"),
         shard=parse_list(shard_groups, "--shard-groups", (0,), minimum=0),  # 0: the whole DP group
-        zero_impl=("deepspeed", "fsdp").index(zero_impl),
+        zero_impl=zero_impl_code(zero_impl),
     )
     _check_axes(model, space)
     if space.fp8 and not machine.hw.peak_fp8_tflops:

@@ -100,6 +100,23 @@ MOE_FLAGS = {"n_experts": "--experts", "top_k": "--top-k", "expert_ffn": "--expe
 ENERGY_DTYPES = ("bf16", "fp16", "fp8", "tf32", "fp32", "int8")
 
 
+def zero_impl_option(f):
+    """``--zero-impl`` of predict and search: ZeRO as DeepSpeed or PyTorch FSDP runs it."""
+    from calib.analytic.dp_exposure import ZERO_IMPLS
+
+    return click.option(
+        "--zero-impl", type=Choice(ZERO_IMPLS), default=ZERO_IMPLS[0], show_default=True,
+        help="ZeRO as DeepSpeed or PyTorch FSDP runs it (FSDP: no re-gather in the recomputed forward, "
+        "ZeRO-2 gathers every micro-batch; analytic.dp_exposure).",
+    )(f)  # fmt: skip
+
+
+def zero_impl_code(name: str) -> int:
+    from calib.analytic.dp_exposure import ZERO_IMPLS
+
+    return ZERO_IMPLS.index(name)
+
+
 def energy_options(needs: str):
     """``--dtype`` and ``--power`` of predict and search; ``needs`` names the option they go with."""
 
