@@ -26,7 +26,9 @@ attention core needs every key and value:
 
 Attention FLOPs of one layer, forward, whole sequence: 4 b s^2 d (QK^T and AV, the
 convention of Narayanan et al. 2021 eq. 3; a causal kernel computes about half,
-``causal_fraction``).  Per GPU under CP: 4 b s^2 d / (c t) with load balance.
+``causal_fraction``).  Per GPU under CP: 4 b s^2 d / (c t) with load balance.  A fused
+(flash) kernel's backward does 2.5x its forward's matmul work, a standard one 2x
+(:data:`FLASH_BWD_OVER_FWD`); the time model counts that, the reported model FLOPs do not.
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 RING, ULYSSES, ALLGATHER_KV = 0, 1, 2
+
+#: FlashAttention keeps no s x s probabilities, so its backward recomputes the scores
+#: S = Q K^T from the saved softmax statistics: five matmuls (S, dP = dO V^T, dV = P^T dO,
+#: dQ = dS K, dK = dS^T Q) against the forward's two -- 2.5x the forward, where a backward
+#: from stored probabilities does four (2x).  Dao et al. 2022, arXiv:2205.14135 Algorithm 4
+#: (backward: "Compute S_ij = Q_i K_j^T"); Dao 2023, arXiv:2307.08691 sec. 3.1.2.
+FLASH_BWD_OVER_FWD = 2.5
 CP_KINDS = ("ring", "ulysses", "allgather")
 
 
@@ -52,6 +61,14 @@ def attention_flops(b: ArrayLike, s: ArrayLike, d: ArrayLike, causal: bool = Fal
     b, s, d = (np.asarray(x, dtype=float) for x in (b, s, d))
     full = 4.0 * b * s * s * d
     return full * (s + 1.0) / (2.0 * s) if causal else full
+
+
+def flash_backward_extra_flops(attn_fwd: ArrayLike, flash: ArrayLike) -> np.ndarray:
+    """Matmul FLOPs a fused attention backward adds to the standard 2x forward: its
+    recomputed scores, (FLASH_BWD_OVER_FWD - 2) x the forward where ``flash``."""
+    return np.where(
+        np.asarray(flash, dtype=bool), (FLASH_BWD_OVER_FWD - 2.0) * np.asarray(attn_fwd, dtype=float), 0.0
+    )
 
 
 def causal_imbalance(cp: ArrayLike, balanced: bool = True) -> np.ndarray:

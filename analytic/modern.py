@@ -224,7 +224,8 @@ def attn_fwd_flops(b, s_loc, d, t) -> np.ndarray:
 def cp_attention_extra_flops(b, s_loc, d, t, cp, rc) -> np.ndarray:
     """Attention FLOPs the local-sequence count misses under CP: the GPU's queries meet all s
     keys, 4 b (s/c) s d / t forward (load-balanced), not 4 b (s/c)^2 d / t."""
-    passes = 3.0 + (np.asarray(rc) >= F.SELECTIVE)
+    # CP attention runs blockwise (flash): its backward recomputes the scores (context.py)
+    passes = 1.0 + CP.FLASH_BWD_OVER_FWD + (np.asarray(rc) >= F.SELECTIVE)
     return passes * attn_fwd_flops(b, s_loc, d, t) * (_f(cp) - 1.0)
 
 
@@ -252,11 +253,13 @@ def moe_layer_s(model, system, st, b, s_loc, d, t, mats, rc, eff_fn, peak) -> np
     return routed + shared + nbytes / (system.hw.hbm_tbps * 1e12)
 
 
-def gemm_and_casts(st, hw, f_train, attn_fwd, rc, peak, eff, T, d, ffn, kv_frac, mats, t):
-    """(GEMM seconds of a layer, FP8 cast bytes): linear GEMMs at the FP8 peak under ``fp8``."""
+def gemm_and_casts(st, hw, f_train, attn_fwd, rc, peak, eff, T, d, ffn, kv_frac, mats, t, attn_extra=0.0):
+    """(GEMM seconds of a layer, FP8 cast bytes): linear GEMMs at the FP8 peak under ``fp8``.
+    ``attn_extra``: attention FLOPs beyond ``f_train`` (a flash backward's recomputed scores)."""
+    f_train = f_train + attn_extra
     if not st.is_modern:
         return f_train / (peak * eff), 0.0
-    attn_tr = attn_fwd * (3.0 + (np.asarray(rc) >= F.SELECTIVE))
+    attn_tr = attn_fwd * (3.0 + (np.asarray(rc) >= F.SELECTIVE)) + attn_extra
     peak8 = (hw.peak_fp8_tflops or hw.peak_tflops) * 1e12
     gemm = PR.gemm_time_s(f_train - attn_tr, attn_tr, peak, peak8, eff, st.fp8)
     casts = PR.cast_bytes_layer(T, d, ffn, kv_frac, mats, t, np.where(np.asarray(rc) == F.FULL, 2.0, 1.0))

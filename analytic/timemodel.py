@@ -241,6 +241,7 @@ def evaluate(
     f_head = F.lm_head_flops(b, s_loc, d, V) / t
     attn_fwd = X.attn_fwd_flops(b, s_loc, d, t)
     attn_x = X.cp_attention_extra_flops(b, s_loc, d, t, st.cp, rc)
+    attn_fb = X.CP.flash_backward_extra_flops(attn_fwd, flash)  # flash recomputes Q K^T backward
     dm = system.device_model
     if dm is not None:  # the physical device model fitted from GPU traces
         fam, fam_note = dm.family(model.shape_extras["mlp"])
@@ -257,7 +258,7 @@ def evaluate(
         eff, k1, k2 = cal.gemm_efficiency(x), cal.k1(x), cal.k2(x)
         vec_bytes = F.vector_traffic_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, vec_passes)
         gemm, casts = X.gemm_and_casts(
-            st, hw, f_train, attn_fwd, rc, peak, eff, b * s_loc, d, ffn_c, kv_frac, mats, t
+            st, hw, f_train, attn_fwd, rc, peak, eff, b * s_loc, d, ffn_c, kv_frac, mats, t, attn_fb
         )
         layer_tr = share * (gemm + (vec_bytes + casts) / (hw.hbm_tbps * 1e12))
         layer_kernel = layer_tr / k2
@@ -288,7 +289,7 @@ def evaluate(
     n_tp = np.where(full, 6.0, 4.0)
     tp_layer = X.tp_exposed(n_tp * np.where(sp, c["tp_ag_s"] + c["tp_rs_s"], c["tp_ar_s"]), layer_compute, st)
     pp_mb = 2.0 * v * c["pp_p2p_s"]
-    attn_core_s = share * (attn_x + attn_fwd * (3.0 + (rc >= F.SELECTIVE))) / (peak * eff)
+    attn_core_s = share * (attn_x + attn_fb + attn_fwd * (3.0 + (rc >= F.SELECTIVE))) / (peak * eff)
     xl_total, xl_exposed = X.layer_comm(model, st, c, rc, layer_compute, attn_core_s)
 
     stage_mb = lps * (layer_compute + tp_layer + xl_exposed) + pp_mb

@@ -57,17 +57,50 @@ def test_cp_attention_flops_and_causal_balance():
     """Attention core forward 4 b s^2 d (Narayanan et al. eq. 3 convention); a GPU of a
     load-balanced CP group computes 1/c of it: s = 1,048,576 (seed 002's million-token regime),
     d 4096, CP 64, TP 8 -> 4 x 2^40 x 4096 / 512 = 3.5184e16.  The time model counts the local
-    (s/c)^2 block and adds (c - 1) more, which must equal that.  Naive contiguous chunks: the
-    last GPU does (2c - 1)/c times the mean (Megatron's 2c-chunk split removes it)."""
+    (s/c)^2 block and adds (c - 1) more, which must equal that; a blockwise (flash) backward does
+    2.5x the forward (recomputed scores), so a training step is 3.5 forwards of it.  Naive
+    contiguous chunks: the last GPU does (2c - 1)/c times the mean (Megatron's 2c-chunk split
+    removes it)."""
     s, d, c, t = 1_048_576, 4096, 64, 8
     per_gpu = CP.attention_flops_per_gpu(1, s, d, c, t)
     assert per_gpu == pytest.approx(4 * 2.0**40 * 4096 / 512)
     s_loc = s / c
-    counted = 3 * attn_fwd_flops(1, s_loc, d, t) + cp_attention_extra_flops(1, s_loc, d, t, c, 0)
-    assert counted == pytest.approx(3 * per_gpu, rel=1e-12)
+    local = attn_fwd_flops(1, s_loc, d, t)
+    counted = (
+        3 * local
+        + CP.flash_backward_extra_flops(local, True)
+        + cp_attention_extra_flops(1, s_loc, d, t, c, 0)
+    )
+    assert counted == pytest.approx(3.5 * per_gpu, rel=1e-12)
     assert CP.causal_imbalance(8, balanced=False) == pytest.approx(15 / 8)
     assert CP.causal_imbalance(8) == 1.0
     assert CP.attention_flops(1, 4, 1, causal=True) == pytest.approx(4 * 16 * 5 / 8)  # (s+1)/(2s)
+
+
+def test_flash_backward_recomputes_the_scores_in_the_time_model():
+    """FlashAttention's backward recomputes S = Q K^T: five matmuls against the forward's two
+    (Dao et al. 2022 Algorithm 4), 2.5x the forward where a stored-probability backward does 2x.
+    Llama 3 8B, s 8192, one H100, no recompute, no element-wise traffic: switching flash on adds
+    exactly L x 0.5 x 4 s^2 d FLOPs at the GEMM efficiency of the layer's matmuls
+    (32 x 0.5 x 4 x 8192^2 x 4096 / (989e12 x eff)) to the transformer kernels' time."""
+    import numpy as np
+    from calib.analytic import formulas as F
+    from calib.analytic.shape_terms import shape_terms
+
+    assert (
+        CP.flash_backward_extra_flops(4.0, True) == 2.0 and CP.flash_backward_extra_flops(4.0, False) == 0.0
+    )
+    cal = default_calibration(H100)
+    sys0 = System(cal, H100, vector_passes=0.0)
+    m, s = replace(load_model("llama3-8b"), seq_len=8192), 8192
+    base = dict(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, zero=0, recompute=0)
+    on, off = (evaluate(m, sys0, Strategies.of(**base, flash_attention=f)) for f in (True, False))
+    ffn, kv, mats, _ = shape_terms(m)
+    eff = float(np.ravel(cal.gemm_efficiency(F.forward_flops_layer(1, s, m.d_model, ffn, kv, mats) / 6))[0])
+    extra = m.n_layers * 0.5 * 4 * s * s * m.d_model / (H100.peak_tflops * 1e12 * eff)
+    got = float(np.ravel(on["kernel_transformer_s"])[0] - np.ravel(off["kernel_transformer_s"])[0])
+    assert got == pytest.approx(extra, rel=1e-9)
+    assert extra == pytest.approx(0.02378, rel=1e-3)  # eff 0.748 (stated default at this size)
 
 
 def test_cp_in_the_time_model_divides_activations_and_overlaps_the_ring():
