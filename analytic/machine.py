@@ -30,9 +30,14 @@ from calib.core.errors import InputError
 VECTOR_PASSES_KEY = "vector_passes"
 
 
-def saved_vector_passes(cal: Calibration) -> float | None:
-    """The element-wise traffic factor a validation fit stored in ``cal`` (None without one)."""
-    vp = (cal.provenance or {}).get(VECTOR_PASSES_KEY)
+#: ... and the attention core's efficiency over the GEMMs' (System.attn_eff_ratio)
+ATTN_EFF_RATIO_KEY = "attn_eff_ratio"
+
+
+def saved_vector_passes(cal: Calibration, key: str = VECTOR_PASSES_KEY) -> float | None:
+    """The element-wise traffic factor (or another System setting under ``key``) a
+    validation fit stored in ``cal`` (None without one)."""
+    vp = (cal.provenance or {}).get(key)
     return float(vp["value"]) if isinstance(vp, dict) and vp.get("value") is not None else None
 
 
@@ -242,6 +247,11 @@ def build_system(
     if saved_vector_passes(cal) is not None:
         machine = replace(machine, vector_passes=saved_vector_passes(cal))
         notes.append(f"element-wise traffic {machine.vector_passes:.3g} HBM passes, fitted by a validation")
+    if saved_vector_passes(cal, ATTN_EFF_RATIO_KEY) is not None:
+        machine = replace(machine, attn_eff_ratio=saved_vector_passes(cal, ATTN_EFF_RATIO_KEY))
+        notes.append(
+            f"attention core at {machine.attn_eff_ratio:.3g} x the GEMM efficiency, fitted by a validation"
+        )
     if machine.k2_covers_other_kernels:
         notes.append(
             "k2 measured on traces: element-wise, normalisation and optimizer kernels are inside its 1 - k2 share "

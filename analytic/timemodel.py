@@ -46,6 +46,8 @@ from calib.core.devices import same_device
 
 ADAM_STEP_BYTES_PER_PARAM = 28.0  # read+write fp32 master, m, v (24) + read grad (2) + write fp16 weight (2)
 VECTOR_PASSES = 5.0  # HBM traversals of the activation bytes by element-wise kernels (formulas)
+#: attention core at the GEMM efficiency: a stated default (System.attn_eff_ratio)
+ATTN_EFF_RATIO = 1.0
 #: fused element-wise layers (Calculon's knob, seed 000; Megatron's fused bias-GeLU etc.): a kept
 #: tensor is written once in forward and read once in backward, its gradient stays in registers:
 #: 3 of the 5 traversals remain (calib's count, not a published number; recompute keeps 2/5).
@@ -82,6 +84,10 @@ class System:
     cal: Calibration
     hw: HardwareSpec
     vector_passes: float = VECTOR_PASSES
+    #: the attention core's efficiency over the GEMMs' (spec-default path only; a trace-fitted
+    #: device model times attention itself).  1 is the stated default; a validation fit can
+    #: identify it from rows of different sequence lengths (analytic.vfit)
+    attn_eff_ratio: float = ATTN_EFF_RATIO
     ranks_per_node: int | None = None
     compute_slots_per_node: float | None = None
 
@@ -243,6 +249,7 @@ def evaluate(
     attn_x = X.cp_attention_extra_flops(b, s_loc, d, t, st.cp, rc)
     attn_fb = X.CP.flash_backward_extra_flops(attn_fwd, flash)  # flash recomputes Q K^T backward
     dm = system.device_model
+    a_ratio = 1.0 if dm is not None else float(system.attn_eff_ratio)
     if dm is not None:  # the physical device model fitted from GPU traces
         fam, fam_note = dm.family(model.shape_extras["mlp"])
         sh = replace(DP.shape_of(model), s=s_loc, ffn=ffn_c)
@@ -258,7 +265,7 @@ def evaluate(
         eff, k1, k2 = cal.gemm_efficiency(x), cal.k1(x), cal.k2(x)
         vec_bytes = F.vector_traffic_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, vec_passes)
         gemm, casts = X.gemm_and_casts(
-            st, hw, f_train, attn_fwd, rc, peak, eff, b * s_loc, d, ffn_c, kv_frac, mats, t, attn_fb
+            st, hw, f_train, attn_fwd, rc, peak, eff, b * s_loc, d, ffn_c, kv_frac, mats, t, attn_fb, a_ratio
         )
         layer_tr = share * (gemm + (vec_bytes + casts) / (hw.hbm_tbps * 1e12))
         layer_kernel = layer_tr / k2
@@ -274,7 +281,9 @@ def evaluate(
         head_compute = head_kernel / k1h
     # CP: attention over all s keys; MoE: the experts of the average layer (own GEMM efficiency)
     extra = (
-        share * X.extra_compute_s(model, system, st, b, s_loc, d, t, mats, rc, attn_x, eff, peak) / (k1 * k2)
+        share
+        * X.extra_compute_s(model, system, st, b, s_loc, d, t, mats, rc, attn_x, eff, peak, a_ratio)
+        / (k1 * k2)
     )
     layer_tr, layer_kernel, layer_compute = (
         layer_tr + extra * k1 * k2,
@@ -289,7 +298,7 @@ def evaluate(
     n_tp = np.where(full, 6.0, 4.0)
     tp_layer = X.tp_exposed(n_tp * np.where(sp, c["tp_ag_s"] + c["tp_rs_s"], c["tp_ar_s"]), layer_compute, st)
     pp_mb = 2.0 * v * c["pp_p2p_s"]
-    attn_core_s = share * (attn_x + attn_fb + attn_fwd * (3.0 + (rc >= F.SELECTIVE))) / (peak * eff)
+    attn_core_s = share * (attn_x + attn_fb + attn_fwd * (3.0 + (rc >= F.SELECTIVE))) / (peak * eff * a_ratio)
     xl_total, xl_exposed = X.layer_comm(model, st, c, rc, layer_compute, attn_core_s)
 
     stage_mb = lps * (layer_compute + tp_layer + xl_exposed) + pp_mb

@@ -1,8 +1,15 @@
 """Least-squares fits of the compute efficiencies a measured table can identify.
 
 Used by :mod:`analytic.validate`: the GEMM-efficiency plateau y_max (with k2 folded in),
-optionally its half-saturation work x_half, and the element-wise HBM traffic factor, each
-bounded to its physical range.  A parameter that ends on a bound is named in the fit's
+optionally its half-saturation work x_half, the element-wise HBM traffic factor and the
+attention core's efficiency over the GEMMs' (``attn_eff_ratio``: fused attention kernels
+are not GEMMs -- online softmax, exponentials on the special-function units, a recomputing
+backward -- and a trace-fitted device model times them on their own), each bounded to its
+physical range.  The attention ratio is kept only where the calibration rows identify it
+(at least one residual degree of freedom, and the estimate at least ``IDENTIFIED_T``
+standard errors from zero: rows whose attention share differs, i.e. different sequence
+lengths or widths); otherwise the fit is repeated without
+it and the stated default 1 stands, said in ``not_identified``.  A parameter that ends on a bound is named in the fit's
 ``at_bound`` lines: the fit wanted a value outside that range, so the parameter absorbs
 model error rather than measuring an efficiency.
 """
@@ -14,7 +21,7 @@ from dataclasses import asdict, replace
 from datetime import UTC, datetime
 
 import numpy as np
-from calib.analytic.machine import VECTOR_PASSES_KEY
+from calib.analytic.machine import ATTN_EFF_RATIO_KEY, VECTOR_PASSES_KEY
 from calib.analytic.timemodel import System
 from calib.calibrate.calibration import FIXED, Calibration, FitQuality, Param, Saturating
 from scipy.optimize import least_squares
@@ -45,13 +52,24 @@ def with_gemm(
 
 #: fit name -> fitted quantities (log10 for x_half)
 FIT_PARAMS = {
-    "compute": ("gemm_y_max", "vector_passes"),
+    "compute": ("gemm_y_max", "vector_passes", "attn_eff_ratio"),
     "gemm": ("gemm_y_max", "gemm_x_half_flop"),
     "ymax": ("gemm_y_max",),
 }
-_START = {"gemm_y_max": 0.6, "gemm_x_half_flop": 9.3, "vector_passes": 5.0}
-_BOUNDS = {"gemm_y_max": (0.05, 1.0), "gemm_x_half_flop": (6.0, 14.0), "vector_passes": (0.0, 40.0)}
-_SCALE = {"gemm_y_max": 0.1, "gemm_x_half_flop": 1.0, "vector_passes": 1.0}
+_START = {"gemm_y_max": 0.6, "gemm_x_half_flop": 9.3, "vector_passes": 5.0, "attn_eff_ratio": 1.0}
+_BOUNDS = {
+    "gemm_y_max": (0.05, 1.0),
+    "gemm_x_half_flop": (6.0, 14.0),
+    "vector_passes": (0.0, 40.0),
+    # the model counts the attention core as 4 b s^2 d forward, not causal: a causal kernel
+    # at the GEMMs' own efficiency would read as 2
+    "attn_eff_ratio": (0.1, 2.0),
+}
+_SCALE = {"gemm_y_max": 0.1, "gemm_x_half_flop": 1.0, "vector_passes": 1.0, "attn_eff_ratio": 0.1}
+#: a fitted parameter is identified when its estimate lies at least this many standard
+#: errors from zero (the usual t >= 2)
+IDENTIFIED_T = 2.0
+_OPTIONAL = ("attn_eff_ratio",)  # dropped (stated default) when the rows do not identify it
 
 
 def _apply(
@@ -78,6 +96,8 @@ def _apply(
             s = replace(s, cal=replace(s.cal, k2_curve=K2_FOLDED))
         if "vector_passes" in vals:
             s = replace(s, vector_passes=float(vals["vector_passes"]))
+        if "attn_eff_ratio" in vals:
+            s = replace(s, attn_eff_ratio=float(vals["attn_eff_ratio"]))
         out[h] = s
     return out
 
@@ -97,25 +117,31 @@ def fit(
     sub = table.subset(rows)
     n_rows = int(rows.sum())
     names = FIT_PARAMS[kind]
-    if n_rows < len(names):
-        names = names[:1]
-
-    def resid(theta: np.ndarray) -> np.ndarray:
-        return np.log(sub.predicted(_apply(systems, names, theta)) / sub.measured)
-
-    x0 = np.array([_START[n] for n in names])
-    lo, hi = (np.array([_BOUNDS[n][i] for n in names]) for i in (0, 1))
-    res = least_squares(resid, x0, bounds=(lo, hi), x_scale=np.array([_SCALE[n] for n in names]))
-    dof = max(n_rows - len(names), 1)
-    s2 = float(res.fun @ res.fun) / dof
-    try:
-        se = np.sqrt(np.clip(np.diag(np.linalg.inv(res.jac.T @ res.jac) * s2), 0.0, None))
-    except np.linalg.LinAlgError:
-        se = np.full(len(names), np.nan)
+    if n_rows < len(names):  # no more parameters than rows (one row: y_max alone)
+        names = names[: max(n_rows, 1)]
+    names, res, se, lo, hi = _least_squares(sub, systems, names, n_rows)
+    # an optional parameter needs residual degrees of freedom left to be judged at all
+    dof = n_rows - len(names)
+    dropped = [
+        n
+        for n in _OPTIONAL
+        if n in names and (dof < 1 or not _identified(res.x[names.index(n)], se[names.index(n)]))
+    ]
+    not_identified = []
+    for n in dropped:
+        i = names.index(n)
+        why = "no residual degree of freedom" if dof < 1 else f"{res.x[i]:.3g} +- {se[i]:.2g}"
+        not_identified.append(f"{n} not identified by the calibration rows ({why}): stated default 1 kept")
+    if dropped:
+        names, res, se, lo, hi = _least_squares(
+            sub, systems, tuple(n for n in names if n not in dropped), n_rows
+        )
     note = f"fitted to {n_rows} measured row(s) of a validation table"
     fitted = _apply(systems, names, res.x, se, note)
     rel = np.expm1(res.fun)
     params = {"fit": kind, "n_calibration_rows": n_rows, "at_bound": at_bounds(names, res.x, lo, hi)}
+    if not_identified:
+        params["not_identified"] = not_identified
     for n, v, e in zip(names, res.x, se):
         if n == "gemm_x_half_flop":
             params[n], params[n + "_stderr"] = float(10.0**v), float(10.0**v * np.log(10.0) * e)
@@ -127,6 +153,29 @@ def fit(
     params["calibration_rmse_log"] = quality.rmse
     params["calibration_max_abs_pct"] = 100.0 * quality.max_abs_rel_err
     return fitted, params
+
+
+def _least_squares(sub, systems: dict[str, System], names: Sequence[str], n_rows: int):
+    """(names, result, standard errors, lower, upper) of the bounded log-residual fit."""
+    names = tuple(names)
+
+    def resid(theta: np.ndarray) -> np.ndarray:
+        return np.log(sub.predicted(_apply(systems, names, theta)) / sub.measured)
+
+    x0 = np.array([_START[n] for n in names])
+    lo, hi = (np.array([_BOUNDS[n][i] for n in names]) for i in (0, 1))
+    res = least_squares(resid, x0, bounds=(lo, hi), x_scale=np.array([_SCALE[n] for n in names]))
+    s2 = float(res.fun @ res.fun) / max(n_rows - len(names), 1)
+    try:
+        se = np.sqrt(np.clip(np.diag(np.linalg.inv(res.jac.T @ res.jac) * s2), 0.0, None))
+    except np.linalg.LinAlgError:
+        se = np.full(len(names), np.nan)
+    return list(names), res, se, lo, hi
+
+
+def _identified(value: float, stderr: float) -> bool:
+    """Estimate at least IDENTIFIED_T standard errors from zero (a NaN error: not identified)."""
+    return bool(np.isfinite(stderr) and abs(value) >= IDENTIFIED_T * stderr)
 
 
 def at_bounds(names: Sequence[str], x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[str]:
@@ -146,18 +195,18 @@ def at_bounds(names: Sequence[str], x: np.ndarray, lo: np.ndarray, hi: np.ndarra
 def fitted_calibration(system: System, name: str, params: dict, source: str) -> Calibration:
     """The calibration a validation fit amounts to, named ``name``: the machine's own with
     the fitted GEMM-efficiency curve (k2 folded in) and, when fitted, the element-wise
-    traffic factor with its standard error (in ``provenance``)."""
+    traffic factor and the attention efficiency ratio with their standard errors (in
+    ``provenance``)."""
     cal = system.cal
     prov = {
         "source": f"validation fit on a measured table ({source})",
         "fit": {k: v for k, v in params.items() if not isinstance(v, list) or k == "at_bound"},
         "validation_hardware": system.hw.name,
     }
-    if "vector_passes" in params:
-        prov[VECTOR_PASSES_KEY] = asdict(
-            Param(params["vector_passes"], params.get("vector_passes_stderr"), "HBM passes",
-                  note=f"fitted to {params['n_calibration_rows']} measured row(s) of a validation table")
-        )  # fmt: skip
+    fitted_note = f"fitted to {params['n_calibration_rows']} measured row(s) of a validation table"
+    for name, key, unit in (("vector_passes", VECTOR_PASSES_KEY, "HBM passes"), ("attn_eff_ratio", ATTN_EFF_RATIO_KEY, "")):  # fmt: skip
+        if name in params:
+            prov[key] = asdict(Param(params[name], params.get(name + "_stderr"), unit, note=fitted_note))
     note = f"compute efficiencies fitted by a validation of {source}; collectives as in the base machine"
     return replace(
         cal,

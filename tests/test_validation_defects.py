@@ -293,7 +293,9 @@ def test_predict_oom_verdict_names_the_term():
         (SC21, 3.1, 4.1),  # 3.05 / 4.05
         (PUB / "korthikanti2022_table5_iteration_times.csv", 1.7, 6.7),  # 1.67 / 6.67
         (MLM, 3.0, 12.0),  # 2.98 / 11.99
-        (MOSAIC, 9.2, 38.6),  # 9.11 / 38.51
+        # 9.11 / 38.51 before flash's recomputing backward and the fitted attention ratio; now
+        # 3.65 / 43.22: the median fell, the max rose (70B on 64 A100 40GB +43 %, y_max 0.91)
+        (MOSAIC, 3.7, 43.3),
     ],
 )
 def test_every_third_heldout_bounds(table, median_max, max_max):

@@ -213,7 +213,7 @@ def search_text(summary: dict, table: pd.DataFrame, per_gpus: pd.DataFrame | Non
 def validate_text(info: dict, rows: pd.DataFrame) -> str:
     s = info["summary"]
     out = [f"table {info['table']} ({info['format']}, {info['rows']} rows); {info['split']}"]
-    fit = {k: v for k, v in info["fit"].items() if k not in ("fit", "at_bound")}
+    fit = {k: v for k, v in info["fit"].items() if k not in ("fit", "at_bound", "not_identified")}
     if fit:
         parts = []
         for k, v in fit.items():
@@ -244,6 +244,7 @@ def validate_text(info: dict, rows: pd.DataFrame) -> str:
     out += [
         f"warning: fitted {b} (the fit wanted a value outside it)" for b in info["fit"].get("at_bound", [])
     ]
+    out += [f"note: {b}" for b in info["fit"].get("not_identified", [])]
     if "n_predicted_oom" in s:
         terms = ", ".join(f"{k} {v}" for k, v in s["predicted_oom_terms"].items())
         out.append(
