@@ -53,8 +53,25 @@ def _saved_hardware(cal: Calibration) -> HardwareSpec | None:
     return hw if hw.device == cal.device and hw.gpus_per_node == cal.gpus_per_node else None
 
 
+def achievable_fraction(hw: HardwareSpec | None) -> float | None:
+    """The device's measured maximum achievable matmul over its peak (None: not measured)."""
+    if hw is None or hw.mamf_tflops is None:
+        return None
+    return float(hw.mamf_tflops) / float(hw.peak_tflops)
+
+
 def default_calibration(hw: HardwareSpec) -> Calibration:
-    """``Calibration.defaults`` from a hardware spec (stated default efficiencies)."""
+    """``Calibration.defaults`` from a hardware spec (stated default efficiencies).  The GEMM
+    plateau is the device's measured maximum achievable matmul over its peak where the spec
+    has one (a large GEMM's best on that device: A100 0.87, H100 0.80, MI300X 0.51), else
+    the generic 0.75."""
+    frac = achievable_fraction(hw)
+    note = (
+        f"default from hardware spec '{hw.name}': measured max achievable matmul "
+        f"{hw.mamf_tflops:g} / peak {hw.peak_tflops:g} TFLOP/s (no measurements of this run)"
+        if frac is not None
+        else ""
+    )
     return Calibration.defaults(
         hw.name,
         gpus_per_node=hw.gpus_per_node,
@@ -63,6 +80,8 @@ def default_calibration(hw: HardwareSpec) -> Calibration:
         inter_busbw_gbps=hw.inter_busbw_gbps,
         device=hw.device,
         source=f"hardware spec '{hw.name}'",
+        gemm_y_max=frac,
+        gemm_y_max_note=note,
     )
 
 
@@ -101,7 +120,8 @@ def transfer(cal: Calibration, target: HardwareSpec, source: HardwareSpec | None
         base,
         system=f"{cal.system}->{target.name}",
         collectives=tuple(curves),
-        gemm_efficiency_curve=cal.gemm_efficiency_curve or base.gemm_efficiency_curve,
+        gemm_efficiency_curve=carried_gemm_curve(cal.gemm_efficiency_curve, target, source)
+        or base.gemm_efficiency_curve,
         k1_curve=cal.k1_curve or base.k1_curve,
         k2_curve=cal.k2_curve or base.k2_curve,
         dispatch=cal.dispatch or base.dispatch,
@@ -113,6 +133,30 @@ def transfer(cal: Calibration, target: HardwareSpec, source: HardwareSpec | None
         },
         notes=(*cal.notes, f"transferred from {cal.system} to hardware spec '{target.name}'"),
     )
+
+
+def achievable_ratio(target: HardwareSpec | None, source: HardwareSpec | None) -> float | None:
+    """How much more of its peak the target's GEMMs reach than the source's: the ratio of the
+    devices' measured maximum achievable matmul fractions (None unless both are measured)."""
+    ft, fs = achievable_fraction(target), achievable_fraction(source)
+    return None if ft is None or fs is None else ft / fs
+
+
+def carried_gemm_curve(curve, target: HardwareSpec, source: HardwareSpec | None):
+    """A fitted GEMM-efficiency curve moved to ``target``: the fraction of peak scales with
+    :func:`achievable_ratio` (the fitted shapes' distance from the device's own best matmul
+    carries over, not the fraction of a datasheet peak), capped at 1."""
+    r = achievable_ratio(target, source)
+    if curve is None or r is None or r == 1.0:
+        return curve
+    y = curve.y_max
+    moved = replace(
+        y,
+        value=min(y.value * r, 1.0),
+        stderr=None if y.stderr is None else y.stderr * r,
+        note=f"{y.note}; x {r:.3f} = achievable matmul fraction {target.name} / {source.name}".lstrip("; "),
+    )
+    return replace(curve, y_max=moved)
 
 
 def _fill_collectives(cal: Calibration, hw: HardwareSpec, notes: list[str]) -> Calibration:

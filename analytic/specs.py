@@ -176,6 +176,9 @@ class HardwareSpec:
     global_taper: float = 1.0  # upper-level bandwidth per node over its injection bandwidth
     topology_note: str = ""
     peak_fp8_tflops: float | None = None  # dense FP8 tensor-core peak per GPU (None: no FP8)
+    #: measured maximum achievable bf16 matmul TFLOP/s of the device (a large GEMM's best; None:
+    #: not measured): the ceiling of any GEMM efficiency, the default plateau (analytic.machine)
+    mamf_tflops: float | None = None
     #: host / CPU offload memory per GPU (Calculon's offload tier; 0 = none) and its per-direction bandwidth
     offload_gb: float = 0.0
     offload_gbps: float = 0.0
@@ -185,6 +188,9 @@ class HardwareSpec:
         v8 = self.peak_fp8_tflops
         if v8 is not None and (not _number(v8) or not v8 > 0):
             raise InputError(who, f"peak_fp8_tflops must be a positive number, got {_short(v8)}")
+        mamf = self.mamf_tflops
+        if mamf is not None and (not _number(mamf) or not 0 < mamf <= self.peak_tflops):
+            raise InputError(who, f"mamf_tflops must be a number in (0, peak_tflops], got {_short(mamf)}")
         for f in ("offload_gb", "offload_gbps"):
             v = getattr(self, f)
             if not _number(v) or v < 0:

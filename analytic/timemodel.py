@@ -35,7 +35,7 @@ from calib.analytic.bubble import pipeline_time_s
 from calib.analytic.comm import group_time_s, members_per_node
 from calib.analytic.memory import BYTES_GRAD, activations_bytes, logits_bytes, memory_per_gpu
 from calib.analytic.shape_terms import shape_terms, stage_params  # noqa: F401 (re-exported)
-from calib.analytic.specs import HardwareSpec, ModelColumns, ModelSpec
+from calib.analytic.specs import HardwareSpec, ModelColumns, ModelSpec, hardware_for_device
 from calib.analytic.strategy import Strategies
 from calib.calibrate import device_step as D
 from calib.calibrate.calibration import FITTED, UNIDENTIFIABLE, Calibration
@@ -99,7 +99,12 @@ class System:
             return None
         if same_device(dm.device, self.hw.device):
             return dm
-        return dm.on(self.hw.peak_tflops, self.hw.hbm_tbps)
+        # compute rates scale with the devices' measured achievable matmul where both are known
+        src = hardware_for_device(dm.device)
+        both = src is not None and src.mamf_tflops and self.hw.mamf_tflops
+        return dm.on(
+            self.hw.peak_tflops, self.hw.hbm_tbps, self.hw.mamf_tflops / src.mamf_tflops if both else None
+        )
 
     @property
     def peak_flops(self) -> float:

@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 from datetime import UTC, datetime
 
 import numpy as np
-from calib.analytic.machine import ATTN_EFF_RATIO_KEY, VECTOR_PASSES_KEY
+from calib.analytic.machine import ATTN_EFF_RATIO_KEY, VECTOR_PASSES_KEY, achievable_fraction
 from calib.analytic.timemodel import System
 from calib.calibrate.calibration import FIXED, Calibration, FitQuality, Param, Saturating
 from scipy.optimize import least_squares
@@ -119,7 +119,8 @@ def fit(
     names = FIT_PARAMS[kind]
     if n_rows < len(names):  # no more parameters than rows (one row: y_max alone)
         names = names[: max(n_rows, 1)]
-    names, res, se, lo, hi = _least_squares(sub, systems, names, n_rows)
+    cap = _ymax_cap(systems)
+    names, res, se, lo, hi = _least_squares(sub, systems, names, n_rows, cap)
     # an optional parameter needs residual degrees of freedom left to be judged at all
     dof = n_rows - len(names)
     dropped = [
@@ -133,9 +134,8 @@ def fit(
         why = "no residual degree of freedom" if dof < 1 else f"{res.x[i]:.3g} +- {se[i]:.2g}"
         not_identified.append(f"{n} not identified by the calibration rows ({why}): stated default 1 kept")
     if dropped:
-        names, res, se, lo, hi = _least_squares(
-            sub, systems, tuple(n for n in names if n not in dropped), n_rows
-        )
+        kept = tuple(n for n in names if n not in dropped)
+        names, res, se, lo, hi = _least_squares(sub, systems, kept, n_rows, cap)
     note = f"fitted to {n_rows} measured row(s) of a validation table"
     fitted = _apply(systems, names, res.x, se, note)
     rel = np.expm1(res.fun)
@@ -155,15 +155,24 @@ def fit(
     return fitted, params
 
 
-def _least_squares(sub, systems: dict[str, System], names: Sequence[str], n_rows: int):
+def _ymax_cap(systems: dict[str, System]) -> float:
+    """The GEMM plateau's upper bound: no GEMM beats its device's measured maximum achievable
+    matmul (k2, folded in, only lowers it), so the least such fraction of the table's
+    machines where measured, else 1."""
+    fracs = [f for f in (achievable_fraction(s.hw) for s in systems.values()) if f is not None]
+    return min([1.0, *fracs])
+
+
+def _least_squares(sub, systems: dict[str, System], names: Sequence[str], n_rows: int, ymax_cap: float = 1.0):
     """(names, result, standard errors, lower, upper) of the bounded log-residual fit."""
     names = tuple(names)
 
     def resid(theta: np.ndarray) -> np.ndarray:
         return np.log(sub.predicted(_apply(systems, names, theta)) / sub.measured)
 
-    x0 = np.array([_START[n] for n in names])
-    lo, hi = (np.array([_BOUNDS[n][i] for n in names]) for i in (0, 1))
+    bounds = {**_BOUNDS, "gemm_y_max": (_BOUNDS["gemm_y_max"][0], ymax_cap)}
+    x0 = np.array([min(_START[n], 0.95 * bounds[n][1]) for n in names])
+    lo, hi = (np.array([bounds[n][i] for n in names]) for i in (0, 1))
     res = least_squares(resid, x0, bounds=(lo, hi), x_scale=np.array([_SCALE[n] for n in names]))
     s2 = float(res.fun @ res.fun) / max(n_rows - len(names), 1)
     try:

@@ -252,10 +252,13 @@ class Calibration:
         inter_busbw_gbps: float,
         device: str | None = None,
         source: str = "hardware spec",
+        gemm_y_max: float | None = None,
+        gemm_y_max_note: str = "",
     ) -> Calibration:
         """A calibration from a hardware spec alone, every factor a stated default.
 
-        Defaults: GEMM efficiency 0.75 of peak for large matmuls (half of that at
+        Defaults: GEMM efficiency 0.75 of peak for large matmuls, or ``gemm_y_max`` when the
+        spec knows the device's measured maximum achievable matmul (half of that at
         2 GFLOP per matmul), k1 0.95 saturating (half at 50 MFLOP per matmul, seed 004:
         small models are ~95 % dispatch), k2 0.8 (seed 004: 1 - 26.5 % non-transformer
         kernels on their example), collective latency 20 us intra / 50 us inter node,
@@ -293,7 +296,9 @@ class Calibration:
                 for coll in (ALLREDUCE, ALLGATHER, REDUCESCATTER)
             },
             gemm_efficiency_curve=Saturating(
-                y_max=Param.default(0.75, "", note),
+                y_max=Param.default(
+                    0.75 if gemm_y_max is None else float(gemm_y_max), "", gemm_y_max_note or note
+                ),
                 x_half=Param.default(2e9, "FLOP", note),
                 gamma=Param(1.0, status=FIXED, note="dispatch-limited form"),
             ),

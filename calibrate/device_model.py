@@ -195,10 +195,13 @@ class DeviceModel:
         fam = replace(base, mlp=mlp, weights=weights or base.weights, act_scale=scale)
         return fam, f"no traced {want} model: memory-bound work and host ops taken from the {base.key} family"
 
-    def on(self, peak_tflops: float | None, hbm_tbps: float | None) -> DeviceModel:
-        """The same model on other hardware: rates scale with the peak FLOP/s ratio,
-        bandwidths with the HBM bandwidth ratio; host costs are unchanged."""
-        fs = (peak_tflops / self.peak_tflops) if peak_tflops else 1.0
+    def on(
+        self, peak_tflops: float | None, hbm_tbps: float | None, flops_ratio: float | None = None
+    ) -> DeviceModel:
+        """The same model on other hardware: rates scale with the peak FLOP/s ratio (or
+        ``flops_ratio``, e.g. that of the devices' measured achievable matmul), bandwidths
+        with the HBM bandwidth ratio; host costs are unchanged."""
+        fs = flops_ratio if flops_ratio else (peak_tflops / self.peak_tflops) if peak_tflops else 1.0
         bs = (hbm_tbps / self.hbm_tbps) if hbm_tbps else 1.0
         if fs == 1.0 and bs == 1.0:
             return self

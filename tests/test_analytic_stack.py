@@ -100,7 +100,9 @@ def test_flash_backward_recomputes_the_scores_in_the_time_model():
     extra = m.n_layers * 0.5 * 4 * s * s * m.d_model / (H100.peak_tflops * 1e12 * eff)
     got = float(np.ravel(on["kernel_transformer_s"])[0] - np.ravel(off["kernel_transformer_s"])[0])
     assert got == pytest.approx(extra, rel=1e-9)
-    assert extra == pytest.approx(0.02378, rel=1e-3)  # eff 0.748 (stated default at this size)
+    # eff 0.8013: the H100's measured max achievable matmul 794.5 / 989 (the default plateau)
+    # at this size (0.748 under the generic 0.75 plateau: 0.02378 s)
+    assert extra == pytest.approx(0.02220, rel=1e-3)
 
 
 def test_cp_in_the_time_model_divides_activations_and_overlaps_the_ring():

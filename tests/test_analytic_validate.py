@@ -94,7 +94,10 @@ def test_calibration_rows_are_never_reported():
 def test_defaults_alone_are_reported_honestly():
     df, _ = read_table(K22)
     res = validate(df, "k22", fit_kind="none")
-    assert res.summary["n_heldout"] == 8 and res.summary["median_abs_pct"] > 10  # stated defaults, no fit
+    # stated defaults, no fit: every row held out, none fitted; the default GEMM plateau is the
+    # A100's measured achievable matmul (271.2 / 312; 20.7 % under the generic 0.75)
+    assert res.summary["n_heldout"] == 8 and 5 < res.summary["median_abs_pct"] < 10
+    assert res.params == {"fit": "none", "at_bound": []}
 
 
 def test_holdout_is_seeded_and_exclusive():

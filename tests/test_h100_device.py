@@ -145,3 +145,21 @@ def test_transfer_rule_scales_rates_with_peak_and_bandwidths_with_hbm(fitted):
     assert (s1 - kern) == pytest.approx((s0 - kern) / 1.5, rel=1e-9)
     assert D.optimizer_s(moved, fam, 1e9) < D.optimizer_s(dm, fam, 1e9)
     assert D.host_s(moved, fam, 24, 1) == pytest.approx(D.host_s(dm, fam, 24, 1))
+
+
+def test_another_device_gets_the_ratio_of_achievable_matmuls(fitted):
+    """On another preset the fitted GEMM rate scales with the devices' measured maximum
+    achievable matmul (A100 271.2 / H100 794.5 TFLOP/s, hardware_accelerator_specs.csv), not
+    their datasheet peaks (312 / 989): the A100 reaches a larger share of its peak.  Without a
+    measured value on either side the peak ratio stays."""
+    from calib.analytic.specs import load_hardware
+    from calib.analytic.timemodel import System
+
+    model, _ = fitted
+    dm = model.device_model_
+    a100 = load_hardware("dgx-a100-80gb")
+    moved = System(model.calibration_, a100).device_model
+    assert moved.gemm.rate_tflops.value == pytest.approx(dm.gemm.rate_tflops.value * 271.2 / 794.5, rel=1e-12)
+    assert moved.peak_tflops == 312
+    polaris = System(model.calibration_, load_hardware("polaris")).device_model  # A100 40GB: not measured
+    assert polaris.gemm.rate_tflops.value == pytest.approx(dm.gemm.rate_tflops.value * 312 / dm.peak_tflops)

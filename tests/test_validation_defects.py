@@ -278,7 +278,11 @@ def test_summary_says_what_no_fit_gives_on_the_same_rows():
     assert res.summary["unfitted_median_abs_pct"] == pytest.approx(
         np.median(np.abs(none.loc[held, "err_pct"]))
     )
-    assert res.summary["unfitted_median_abs_pct"] > res.summary["median_abs_pct"]
+    # with the A100's measured achievable matmul as the default plateau the stated defaults do
+    # better here than the 4-row fit (1.27 vs 3.05 %), and the output must say so
+    assert res.summary["unfitted_median_abs_pct"] < res.summary["median_abs_pct"]
+    text = run("validate", str(SC21), "--calibrate-on", "every-third").output
+    assert "warning: the same rows without the fit" in text and "(the fit does worse than none)" in text
 
 
 def test_predict_oom_verdict_names_the_term():
@@ -293,9 +297,9 @@ def test_predict_oom_verdict_names_the_term():
         (SC21, 3.1, 4.1),  # 3.05 / 4.05
         (PUB / "korthikanti2022_table5_iteration_times.csv", 1.7, 6.7),  # 1.67 / 6.67
         (MLM, 3.0, 12.0),  # 2.98 / 11.99
-        # 9.11 / 38.51 before flash's recomputing backward and the fitted attention ratio; now
-        # 3.65 / 43.22: the median fell, the max rose (70B on 64 A100 40GB +43 %, y_max 0.91)
-        (MOSAIC, 3.7, 43.3),
+        # 9.11 / 38.51 before flash's recomputing backward, the fitted attention ratio and the
+        # y_max cap at the A100's measured achievable matmul (0.869, reached: warned); now 4.26 / 39.70
+        (MOSAIC, 4.3, 39.8),
     ],
 )
 def test_every_third_heldout_bounds(table, median_max, max_max):
