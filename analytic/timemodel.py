@@ -31,6 +31,7 @@ from calib.analytic import modern as X
 from calib.analytic import sharded_pp as SPP
 from calib.analytic import tp2d as T2
 from calib.analytic import uneven as U
+from calib.analytic import zero_overlap as ZO
 from calib.analytic.bubble import pipeline_time_s
 from calib.analytic.comm import group_time_s, members_per_node
 from calib.analytic.memory import BYTES_GRAD, activations_bytes, logits_bytes, memory_per_gpu
@@ -176,9 +177,11 @@ def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) 
     def dp_t(coll, per=1.0):
         return X.dp_time_s(cal, gpn, coll, grad_bytes / per, exp_bytes / per, st)
 
-    # ZeRO-3 gathers and reduce-scatters module by module (each layer, and the embedding):
-    # n_mod collectives of 1 / n_mod of the shard, each paying the group's latency (analytic.zero_overlap)
+    # ZeRO-3 gathers and reduce-scatters one collective at a time, each paying the group's
+    # latency: per module (FSDP; n_mod = layers + embedding) or per tensor / bucket (DeepSpeed)
     n_mod = U.stage_layers(L, p)[0] + 1.0
+    ds = np.asarray(st.zero_impl) == DX.DEEPSPEED
+    n_ag, n_rs = ZO.collective_counts(n_mod - 1.0, grad_bytes / BYTES_GRAD, d, ffn_c, kv_frac, mats, t_w, ds)
 
     out = {
         **X.comm_extra(model, cal, gpn, st, b, s, d, kv_frac),
@@ -190,8 +193,8 @@ def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) 
         "dp_ag_s": dp_t(ALLGATHER),
         "dp_rs_s": dp_t(REDUCESCATTER),
         "dp_reduce_s": dp_t(REDUCE),  # DeepSpeed ZeRO-2 issues reduces
-        "dp_ag_z3_s": n_mod * dp_t(ALLGATHER, n_mod),
-        "dp_rs_z3_s": n_mod * dp_t(REDUCESCATTER, n_mod),
+        "dp_ag_z3_s": n_ag * dp_t(ALLGATHER, n_ag),
+        "dp_rs_z3_s": n_rs * dp_t(REDUCESCATTER, n_rs),
         # hybrid sharding: each module's gradient shard all-reduced across the replicas (analytic.hybrid)
         "dp_hsdp_ar_s": n_mod * X.replica_allreduce_s(cal, gpn, grad_bytes / n_mod, exp_bytes / n_mod, st),
     }

@@ -12,11 +12,20 @@ hide at most the compute of one layer per gathered layer, and never all of it:
   other), and the rate limiter that bounds in-flight gathers stalls compute when the
   collective is late.
 
-The collectives themselves are timed module by module (:func:`analytic.timemodel.comm_times`,
-``dp_ag_z3_s`` / ``dp_rs_z3_s``): a stage of n layers issues n + 1 all-gathers per pass (each
-layer and the embedding), each of 1 / (n + 1) of the shard and each paying the ring's
-latency over the whole DP group -- the per-layer cost that grows with the DP size even when
-the bytes per GPU do not.
+The collectives themselves are timed one by one (:func:`analytic.timemodel.comm_times`,
+``dp_ag_z3_s`` / ``dp_rs_z3_s``), each paying the ring's latency over the whole DP group --
+the per-collective cost that grows with the DP size even when the bytes per GPU do not.
+How many there are is the implementation's (:func:`collective_counts`):
+
+* FSDP gathers and reduce-scatters one flat parameter per wrapped module: a stage of n
+  layers issues n + 1 of each per pass (each layer and the embedding);
+* DeepSpeed's ZeRO-3 all-gathers parameter by parameter (``partition_parameters.py``
+  ``_allgather_params_coalesced``: one ``all_gather`` per partitioned tensor, launched in a
+  loop), and tensors below ``stage3_param_persistence_threshold`` (default 1e5 elements)
+  are never partitioned -- so each layer's weight matrices are gathered one by one (fused
+  QKV, output projection and the MLP's ``mats`` matrices; biases and norms persist) plus
+  the embedding; it reduce-scatters gradients in buckets of ``reduce_bucket_size``
+  (default 5e8 elements), at least one per micro-batch.
 
 So the exposed time of a window of ``comm`` seconds of collectives under ``compute``
 seconds of work is modelled with an overlap fraction f:
@@ -41,6 +50,27 @@ from numpy.typing import ArrayLike
 
 #: default fraction of ZeRO-3 collective time that compute can hide (see module docstring)
 ZERO3_OVERLAP_FRACTION = 0.75
+#: DeepSpeed ZeRO-3 defaults (docs: "stage3_param_persistence_threshold": 1e5,
+#: "reduce_bucket_size": 5e8, both in elements)
+DS_PERSISTENCE_THRESHOLD = 1e5
+DS_REDUCE_BUCKET = 5e8
+
+
+def collective_counts(
+    layers, stage_params, d, ffn, kv_frac, mats, t, deepspeed
+) -> tuple[np.ndarray, np.ndarray]:
+    """(all-gathers, reduce-scatters) per pass of one stage's ZeRO-3 parameters (module
+    docstring): FSDP n + 1 each; DeepSpeed one gather per weight matrix of at least
+    DS_PERSISTENCE_THRESHOLD elements on this TP rank, plus the embedding, and
+    ceil(stage parameters / DS_REDUCE_BUCKET) reduce-scatters (at least one)."""
+    n, d, ffn, kv, mats, t = (np.asarray(x, dtype=float) for x in (layers, d, ffn, kv_frac, mats, t))
+    per_module = n + 1.0
+    big = lambda elems: (elems / t >= DS_PERSISTENCE_THRESHOLD).astype(float)  # noqa: E731
+    mats_layer = big((1.0 + 2.0 * kv) * d * d) + big(d * d) + mats * big(d * ffn)
+    ds_ag = np.maximum(n * mats_layer, 0.0) + 1.0
+    ds_rs = np.maximum(np.ceil(np.asarray(stage_params, dtype=float) / DS_REDUCE_BUCKET), 1.0)
+    ds = np.asarray(deepspeed, dtype=bool)
+    return np.where(ds, ds_ag, per_module), np.where(ds, ds_rs, per_module)
 
 
 def exposed_s(

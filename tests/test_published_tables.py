@@ -235,7 +235,7 @@ def test_jean_zay_preset_is_four_100g_links_per_node():
 EVERY_THIRD = [
     (BLOOM, 12, 1.60, 5.0),
     (MTNLG, 2, 2.50, 5.0),
-    (SC21T2, 8, 35.57, 40.0),
+    (SC21T2, 8, 34.47, 35.0),  # 35.57 before DeepSpeed's ZeRO-3 gathered tensor by tensor
     (PUB / "megatron_sc21_table1_weak_scaling.csv", 6, 3.05, 5.0),
     (PUB / "korthikanti2022_table5_iteration_times.csv", 5, 1.67, 5.0),
     (PUB / "megatron_readme_2020_tp_dp_scaling_iteration_times.csv", 8, 2.98, 5.0),

@@ -110,22 +110,26 @@ def test_zero3_dp_only_exposes_a_quarter_of_short_collectives():
     c = comm_times(model, system, st)
     m = r["microbatches"]
     exposed = r["dp_allgather_exposed_s"] + r["dp_reducescatter_exposed_s"]
-    # full recompute: 3 gathers + 1 reduce-scatter per micro-batch; all short against the
-    # compute here, so exactly (1 - 0.75) of them is exposed (before: 0 s, "flat")
-    assert exposed == pytest.approx(m * 0.25 * (3.0 * c["dp_ag_z3_s"] + c["dp_rs_z3_s"]), rel=1e-9)
+    # full recompute: 3 gathers + 1 reduce-scatter per micro-batch; short against the compute
+    # on 64 and 256 GPUs, so exactly (1 - 0.75) of them is exposed (before: 0 s, "flat"); on
+    # 1024 the 161 gathers' latency outlasts what the compute can cover (the other branch)
+    quarter = m * 0.25 * (3.0 * c["dp_ag_z3_s"] + c["dp_rs_z3_s"])
+    assert exposed[:2] == pytest.approx(quarter[:2], rel=1e-9)
+    assert exposed[2] > quarter[2]
     assert (exposed > 0).all()
-    # ZeRO-3 collectives go module by module: L + 1 (layers and the embedding) collectives of
-    # 1 / (L + 1) of the fp16 shard each, every one paying the ring's latency over the DP group
+    # DeepSpeed's ZeRO-3 gathers tensor by tensor: L x 4 weight matrices + the embedding
+    # (analytic.zero_overlap.collective_counts), each of 1 / (4 L + 1) of the fp16 shard,
+    # every one paying the ring's latency over the DP group
     from calib.analytic.comm import group_time_s
     from calib.analytic.timemodel import stage_params
 
     from calib.core.collective_names import ALLGATHER
 
     shard = 2.0 * stage_params(model.d_model, model.n_layers, model.seq_len, model.vocab, 1.0, 1.0)
-    n_mod = model.n_layers + 1
-    per = group_time_s(system.cal, ALLGATHER, shard / n_mod, gpus.astype(float), 8.0)
-    assert c["dp_ag_z3_s"] == pytest.approx(n_mod * per, rel=1e-12)
-    assert (c["dp_ag_z3_s"] > c["dp_ag_s"]).all()  # 32 more latencies than one whole-shard gather
+    n_ds = 4 * model.n_layers + 1
+    per = group_time_s(system.cal, ALLGATHER, shard / n_ds, gpus.astype(float), 8.0)
+    assert c["dp_ag_z3_s"] == pytest.approx(n_ds * per, rel=1e-12)
+    assert (c["dp_ag_z3_s"] > c["dp_ag_s"]).all()  # 128 more latencies than one whole-shard gather
     tflops = r["model_tflops_per_gpu"]
     assert tflops[0] > tflops[1] > tflops[2]  # strong scaling: the exposed share grows
 

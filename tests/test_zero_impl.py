@@ -61,4 +61,35 @@ def test_llm_foundry_rows_run_as_fsdp_and_the_cli_option():
             "--recompute", "full", "--global-batch", "256", "--zero-impl", "fsdp", "--csv").output  # fmt: skip
     col = a.splitlines()[0].split(",").index("dp_allgather_s")
     ag_ds, ag_fsdp = (float(x.splitlines()[1].split(",")[col]) for x in (a, b))
-    assert ag_fsdp == pytest.approx(ag_ds * 2 / 3, rel=1e-9)
+    # FSDP: 2 gathers per micro-batch of L + 1 = 41 flat parameters; DeepSpeed: 3 of
+    # 40 x 4 + 1 = 161 tensors (analytic.zero_overlap.collective_counts).  Same bytes, so
+    # ag_ds / ag_fsdp = 3 (S + 161 a) / (2 (S + 41 a)) with a the per-call latency, S the bytes' time
+    from calib.analytic.machine import default_calibration
+    from calib.analytic.specs import load_hardware, load_model
+    from calib.analytic.strategy import Strategies
+    from calib.analytic.timemodel import System, comm_times
+
+    hw = load_hardware("dgx-a100-80gb")
+    sysm = System(default_calibration(hw), hw)
+    st = Strategies.of(tp=1, pp=1, dp=64, micro_batch=1, global_batch=256, zero=3, recompute=2,
+                       zero_impl=[0, 1])  # fmt: skip
+    c = comm_times(load_model("gpt-13b"), sysm, st)["dp_ag_z3_s"]
+    m = 256 / 64
+    assert ag_ds == pytest.approx(3 * m * c[0], rel=1e-4) and ag_fsdp == pytest.approx(2 * m * c[1], rel=1e-4)
+    assert c[0] > c[1]  # 120 more calls, each paying the 64-rank ring's latency
+
+
+def test_collective_counts_follow_each_implementation():
+    """analytic.zero_overlap.collective_counts, by hand.  GPT-3 175B, one stage of 96 layers:
+    FSDP 97 flat parameters (layers + embedding); DeepSpeed 96 x 4 weight matrices (fused QKV,
+    projection, fc1, fc2) + the embedding = 385 gathers, and ceil(174.6e9 / 5e8) = 350
+    reduce-scatter buckets.  A d = 256 layer's projection (65,536 elements) stays below the
+    1e5 persistence threshold and is never gathered: 3 per layer; a SwiGLU layer gathers 5."""
+    from calib.analytic import zero_overlap as ZO
+
+    ag, rs = ZO.collective_counts([96, 96], 174.6e9, 12288, 4 * 12288, 1.0, 2.0, 1.0, [True, False])
+    assert ag.tolist() == [385.0, 97.0] and rs.tolist() == [350.0, 97.0]
+    ag, rs = ZO.collective_counts(4, 3.5e6, 256, 1024, 1.0, 2.0, 1.0, True)
+    assert (float(ag), float(rs)) == (4 * 3 + 1, 1.0)
+    ag, _ = ZO.collective_counts(32, 6.7e9, 4096, 11008, 1.0, 3.0, 1.0, True)
+    assert float(ag) == 32 * 5 + 1
