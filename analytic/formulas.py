@@ -122,10 +122,11 @@ def kept_split_coeff(ffn_over_d: ArrayLike, kv_frac: ArrayLike, mats: ArrayLike)
     return 4.0 + 4.0 * kv + 2.0 * mt * f
 
 
-def mlp_kept_coeff(ffn_over_d: ArrayLike, mats: ArrayLike) -> np.ndarray:
-    """Bytes per s b d the MLP block keeps: its input (2), dropout mask (1), intermediates
-    (2 mats f/d).  GPT: 19 (Korthikanti sec. 4.1)."""
-    return 3.0 + 2.0 * np.asarray(mats, dtype=float) * np.asarray(ffn_over_d, dtype=float)
+def mlp_kept_coeff(ffn_over_d: ArrayLike, mats: ArrayLike, dropout: ArrayLike = True) -> np.ndarray:
+    """Bytes per s b d the MLP block keeps: its input (2), dropout mask (1, with dropout),
+    intermediates (2 mats f/d).  GPT: 19 (Korthikanti sec. 4.1)."""
+    drop = np.asarray(dropout, dtype=float)
+    return 2.0 + drop + 2.0 * np.asarray(mats, dtype=float) * np.asarray(ffn_over_d, dtype=float)
 
 
 def activation_bytes_layer(
@@ -140,6 +141,7 @@ def activation_bytes_layer(
     ffn_over_d: ArrayLike = 4.0,
     kv_frac: ArrayLike = 1.0,
     mats: ArrayLike = 2.0,
+    dropout: ArrayLike = True,
 ) -> np.ndarray:
     """Activation bytes one layer keeps for backward, per GPU (Korthikanti et al. 2022).
 
@@ -149,14 +151,19 @@ def activation_bytes_layer(
     attention output 4, K and V 4 kv/a, the MLP's intermediates 2 mats f/d: GeLU input and
     output, or SwiGLU's gate, up and product).  GPT (f = 4d, kv = a, GeLU): 10 + 24.
     ``flash``: fused attention keeps no s x s score tensors, so the 5 a s / d term vanishes.
+    Without ``dropout`` (Llama, Mixtral, DeepSeek) there are no masks: the two 1-byte s b d
+    masks go, and of the 5 a s / d only the softmax output (2) stays.
     """
     b, s, d, a, t = (np.asarray(x, dtype=float) for x in (b, s, d, a, t))
     sp = np.asarray(seq_parallel, dtype=bool)
     rc = np.asarray(recompute)
     sbd = s * b * d
-    attn = np.where(flash, 0.0, 5.0 * a * s / (d * t))  # softmax in/out + dropout mask, per head shard
+    drop = np.asarray(dropout, dtype=float)
+    # softmax output (2) + dropout mask and output (3), per head shard
+    attn = np.where(flash, 0.0, (2.0 + 3.0 * drop) * a * s / (d * t))
     split = kept_split_coeff(ffn_over_d, kv_frac, mats)
-    linear = np.where(sp, (KEPT_REPLICATED + split) / t, KEPT_REPLICATED + split / t)
+    replicated = KEPT_REPLICATED - 2.0 * (1.0 - drop)  # the two 1-byte dropout masks
+    linear = np.where(sp, (replicated + split) / t, replicated + split / t)
     full = 2.0 * sbd / np.where(sp, t, 1.0)
     return np.where(rc == FULL, full, np.where(rc == SELECTIVE, sbd * linear, sbd * (linear + attn)))
 

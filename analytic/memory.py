@@ -50,7 +50,7 @@ def activations_bytes(
 ) -> np.ndarray:  # fmt: skip
     """Activation bytes on the first pipeline stage (the one holding the most); with
     ``logits`` the single-stage model's fp32 logits (:func:`logits_bytes`) are included.
-    ``shape``: (ffn / d, kv / a, MLP matrices) of the layer (GPT's by default)."""
+    ``shape``: (ffn / d, kv / a, MLP matrices[, dropout]) of the layer (GPT's by default)."""
     b, s, d, a, L, V, t, p, m, v = (np.asarray(x, dtype=float) for x in (b, s, d, a, L, V, t, p, m, v))
     rc = np.asarray(recompute)
     per_layer = F.activation_bytes_layer(b, s, d, a, t, seq_parallel, rc, flash, *shape)
@@ -58,7 +58,7 @@ def activations_bytes(
     interleave = np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
     acts = per_layer * np.ceil(L / p) * in_flight * interleave  # the largest stage (analytic.uneven)
     acts = acts + np.where(
-        rc == F.FULL, F.activation_bytes_layer(b, s, d, a, t, seq_parallel, F.NONE, flash), 0.0
+        rc == F.FULL, F.activation_bytes_layer(b, s, d, a, t, seq_parallel, F.NONE, flash, *shape), 0.0
     )
     return acts + (logits_bytes(b, s, V, t, p) if logits else 0.0)
 

@@ -334,7 +334,12 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
         T = b * s_loc / t
         per = (
             MOE.activation_bytes_layer(model, T, d, mats)
-            - F.mlp_kept_coeff(MOE.dense_ffn_avg(model, model.shape_extras["ffn"]) / d, mats) * sbd
+            - F.mlp_kept_coeff(
+                MOE.dense_ffn_avg(model, model.shape_extras["ffn"]) / d,
+                mats,
+                model.shape_extras.get("dropout", True),
+            )
+            * sbd
         )
         extra = extra + per * np.ceil(MOE.terms(model)["L_moe"] / p)
     acts = (acts + np.where(keep, extra * in_flight, 0.0)) * in_flight_scale(p, st.schedule) + logits

@@ -71,7 +71,7 @@ def offload_terms(model, st, r: dict, off: Offload, hw, trailing: bool = False) 
     ffn, kv, mats, _ = shape_terms(model)
     layer_w = ex(F.BYTES_PER_VALUE * F.layer_matrix_params(d, ffn, kv, mats) / t)
     layer_a = ex(F.activation_bytes_layer(b, s, d, a, t, st.seq_parallel, st.recompute, st.flash_attention,
-                                          ffn / d, kv, mats))  # fmt: skip
+                                          ffn / d, kv, mats, model.shape_extras.get("dropout", True)))  # fmt: skip
     f_fwd = F.forward_flops_layer(b, s, d, ffn, kv, mats)
     f_all = F.training_flops_layers(b, s, d, 1.0, st.recompute, ffn, kv, mats)
     t_layer = ex(r["compute_s"] / (m * lps))

@@ -64,9 +64,14 @@ class ModelSpec:
     shared_experts: int = 0
     dense_layers: int = 0
     capacity_factor: float | None = None
+    #: the model trains with dropout (GPT, Megatron: its masks are kept activations); Llama,
+    #: Mixtral and DeepSeek have none (the presets say so, with their source)
+    dropout: bool = True
 
     def __post_init__(self) -> None:
         who = self.name or "model"
+        if not isinstance(self.dropout, bool):
+            raise InputError(who, f"dropout must be true or false, got {_short(self.dropout)}")
         for f in ("d_model", "n_layers", "n_heads", "seq_len", "vocab", "ffn", "kv_heads", "global_batch"):
             v = getattr(self, f)
             if v is None and f in ("ffn", "kv_heads", "global_batch"):
@@ -98,7 +103,8 @@ class ModelSpec:
 
     @property
     def shape_extras(self) -> dict:
-        return {"ffn": self.ffn_size, "kv": self.kv_head_count, "mlp": self.mlp, "tied": self.tied_embeddings}
+        return {"ffn": self.ffn_size, "kv": self.kv_head_count, "mlp": self.mlp, "tied": self.tied_embeddings,
+                "dropout": self.dropout}  # fmt: skip
 
 
 def _check_moe(m: ModelSpec, who: str) -> None:
@@ -136,13 +142,14 @@ class ModelColumns:
     kv_heads: np.ndarray | None = None
     mlp: str = "gelu"
     tied_embeddings: bool = True
+    dropout: bool = True
 
     @property
     def shape_extras(self) -> dict:
         d, a = np.asarray(self.d_model, dtype=float), np.asarray(self.n_heads, dtype=float)
         ffn = 4.0 * d if self.ffn is None else np.asarray(self.ffn, dtype=float)
         kv = a if self.kv_heads is None else np.asarray(self.kv_heads, dtype=float)
-        return {"ffn": ffn, "kv": kv, "mlp": self.mlp, "tied": self.tied_embeddings}
+        return {"ffn": ffn, "kv": kv, "mlp": self.mlp, "tied": self.tied_embeddings, "dropout": self.dropout}
 
     @property
     def label(self) -> str:

@@ -356,7 +356,8 @@ def evaluate(
         if st.is_modern or X.MOE.is_moe(model):
             mem = X.adjust_dm_memory(mem, model, sm, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc)
     else:
-        acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, False, (ffn_c / d, kv_frac, mats))  # fmt: skip
+        drop = bool(model.shape_extras.get("dropout", True))  # dropout masks kept (formulas)
+        acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, False, (ffn_c / d, kv_frac, mats, drop))  # fmt: skip
         lg = logits_bytes(b, s_loc, V, t, p)
         if st.is_modern or X.MOE.is_moe(model):
             mem = X.memory(model, sm, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc,

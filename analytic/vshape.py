@@ -13,6 +13,8 @@ ffn                      MLP hidden size (4 d_model)
 kv_heads                 key/value heads, must divide n_heads (n_heads)
 mlp                      gelu | swiglu (gelu)
 tied_embeddings          true/false: the LM head shares the embedding (true)
+dropout                  true/false: the model trains with dropout, whose masks are kept
+                         activations (true; Llama/Mixtral/DeepSeek presets: false)
 n_experts, top_k,        mixture of experts (analytic.moe): routed experts (0 = dense),
 expert_ffn,              experts per token, expert MLP width (ffn), shared experts,
 shared_experts,          leading dense layers, capacity factor (blank = dropless)
@@ -46,7 +48,7 @@ from calib.core.errors import InputError
 SHAPE_INTS = ("ffn", "kv_heads", "n_experts", "top_k", "expert_ffn", "shared_experts", "dense_layers")
 MOE_FIELDS = ("n_experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor")
 PRESET_FIELDS = ("d_model", "n_layers", "n_heads", "seq_len", "vocab", "ffn", "kv_heads", "mlp",
-                 "tied_embeddings") + MOE_FIELDS  # fmt: skip
+                 "tied_embeddings", "dropout") + MOE_FIELDS  # fmt: skip
 #: text columns -> (allowed values, default)
 CHOICES = {
     "mlp": (MLP_KINDS, "gelu"),
@@ -57,7 +59,7 @@ CHOICES = {
     "zero_impl": (("deepspeed", "fsdp"), "deepspeed"),
 }
 STACK_INTS = {"cp": 1, "ep": 1}
-BOOLS = {"tied_embeddings": True, "distributed_optimizer": False, "tp_comm_overlap": False}
+BOOLS = {"tied_embeddings": True, "dropout": True, "distributed_optimizer": False, "tp_comm_overlap": False}
 
 
 def _blank(col: pd.Series) -> pd.Series:
@@ -152,7 +154,7 @@ def spec_of(r: pd.Series) -> ModelSpec:
     return ModelSpec(
         str(r.get("model") or r.get("label") or "table row"), int(r["d_model"]), int(r["n_layers"]), int(r["n_heads"]),
         int(r["seq_len"]), int(r["vocab"]), ffn=int(r["ffn"]) or None, kv_heads=int(r["kv_heads"]) or None,
-        mlp=str(r["mlp"]), tied_embeddings=bool(r["tied_embeddings"]),
+        mlp=str(r["mlp"]), tied_embeddings=bool(r["tied_embeddings"]), dropout=bool(r["dropout"]),
         **{f: int(r[f]) for f in ("n_experts", "top_k", "shared_experts", "dense_layers")},
         expert_ffn=int(r["expert_ffn"]) or None, capacity_factor=None if pd.isna(cf) else float(cf),
     )  # fmt: skip
@@ -160,7 +162,7 @@ def spec_of(r: pd.Series) -> ModelSpec:
 
 def _shape_key(df: pd.DataFrame) -> pd.Series:
     cols = ["d_model", "n_layers", "n_heads", "seq_len", "vocab", "ffn", "kv_heads", "mlp", "tied_embeddings",
-            *MOE_FIELDS]  # fmt: skip
+            "dropout", *MOE_FIELDS]  # fmt: skip
     return df[cols].apply(lambda c: c.map(str)).agg("|".join, axis=1)
 
 
@@ -175,14 +177,14 @@ def _check_shapes(df: pd.DataFrame, where: str) -> None:
 
 
 def row_models(df: pd.DataFrame) -> list[tuple[np.ndarray, ModelColumns | ModelSpec]]:
-    """(row indices, model) groups for the vectorised time model: dense rows of one MLP kind
-    and embedding tying share one ModelColumns; a MoE shape is one ModelSpec."""
+    """(row indices, model) groups for the vectorised time model: dense rows of one MLP kind,
+    embedding tying and dropout share one ModelColumns; a MoE shape is one ModelSpec."""
     out = []
     moe = (df["n_experts"] > 0).to_numpy()
     dense = df.loc[~moe]
-    for (mlp, tied), sub in dense.groupby(["mlp", "tied_embeddings"], sort=False):
+    for (mlp, tied, drop), sub in dense.groupby(["mlp", "tied_embeddings", "dropout"], sort=False):
         idx = sub.index.to_numpy()
-        out.append((idx, columns_of(sub, str(mlp), bool(tied))))
+        out.append((idx, columns_of(sub, str(mlp), bool(tied), bool(drop))))
     key = _shape_key(df)
     for k in key[moe].unique():
         idx = np.flatnonzero(((key == k) & moe).to_numpy())
@@ -190,7 +192,7 @@ def row_models(df: pd.DataFrame) -> list[tuple[np.ndarray, ModelColumns | ModelS
     return out
 
 
-def columns_of(sub: pd.DataFrame, mlp: str = "gelu", tied: bool = True) -> ModelColumns:
+def columns_of(sub: pd.DataFrame, mlp: str = "gelu", tied: bool = True, dropout: bool = True) -> ModelColumns:
     d = sub["d_model"].to_numpy(dtype=float)
     a = sub["n_heads"].to_numpy(dtype=float)
     ffn = sub["ffn"].to_numpy(dtype=float) if "ffn" in sub else np.zeros_like(d)
@@ -198,4 +200,5 @@ def columns_of(sub: pd.DataFrame, mlp: str = "gelu", tied: bool = True) -> Model
     return ModelColumns(
         *(sub[c].to_numpy(dtype=float) for c in ("d_model", "n_layers", "n_heads", "seq_len", "vocab")),
         ffn=np.where(ffn > 0, ffn, 4.0 * d), kv_heads=np.where(kv > 0, kv, a), mlp=mlp, tied_embeddings=tied,
+        dropout=dropout,
     )  # fmt: skip

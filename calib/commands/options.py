@@ -160,6 +160,14 @@ def model_options(f):
                 default=None,
                 help="The LM head has its own matrix (default: tied to the embedding).",
             ),
+            click.option(
+                "--no-dropout",
+                "no_dropout",
+                is_flag=True,
+                default=None,
+                help="The model trains without dropout, so no dropout masks are kept for backward "
+                "(Llama-style; the llama3/mixtral/deepseek presets already say so).",
+            ),
         ]
     ):
         f = opt(f)
@@ -167,7 +175,7 @@ def model_options(f):
 
 
 def resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, ffn=None, kv_heads=None, mlp=None,
-                  untied_embeddings=None):  # fmt: skip
+                  untied_embeddings=None, no_dropout=None):  # fmt: skip
     from dataclasses import replace
 
     from calib.analytic.specs import ModelSpec, load_model
@@ -175,6 +183,8 @@ def resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, ffn=No
     extra = {k: v for k, v in (("ffn", ffn), ("kv_heads", kv_heads), ("mlp", mlp)) if v is not None}
     if untied_embeddings:
         extra["tied_embeddings"] = False
+    if no_dropout:
+        extra["dropout"] = False
     if kv_heads is not None and (n_heads or kv_heads) % kv_heads:
         raise InputError("--kv-heads", f"{kv_heads} must divide the number of heads {n_heads}")
 
