@@ -6,9 +6,10 @@ attention core's efficiency over the GEMMs' (``attn_eff_ratio``: fused attention
 are not GEMMs -- online softmax, exponentials on the special-function units, a recomputing
 backward -- and a trace-fitted device model times them on their own), each bounded to its
 physical range.  The attention ratio is kept only where the calibration rows identify it
-(at least one residual degree of freedom, and the estimate at least ``IDENTIFIED_T``
-standard errors from zero: rows whose attention share differs, i.e. different sequence
-lengths or widths); otherwise the fit is repeated without
+(at least one residual degree of freedom, and the estimate significantly different from
+zero: |value| / stderr at least Student's t at 97.5 % with the fit's residual degrees of
+freedom -- 12.7 with one, 2.0 with many -- i.e. rows whose attention share differs:
+different sequence lengths or widths); otherwise the fit is repeated without
 it and the stated default 1 stands, said in ``not_identified``.  A parameter that ends on a bound is named in the fit's
 ``at_bound`` lines: the fit wanted a value outside that range, so the parameter absorbs
 model error rather than measuring an efficiency.
@@ -66,9 +67,9 @@ _BOUNDS = {
     "attn_eff_ratio": (0.1, 2.0),
 }
 _SCALE = {"gemm_y_max": 0.1, "gemm_x_half_flop": 1.0, "vector_passes": 1.0, "attn_eff_ratio": 0.1}
-#: a fitted parameter is identified when its estimate lies at least this many standard
-#: errors from zero (the usual t >= 2)
-IDENTIFIED_T = 2.0
+#: a fitted parameter is identified when |estimate| / stderr reaches Student's t at this
+#: quantile with the fit's residual degrees of freedom (two-sided 95 %)
+IDENTIFIED_QUANTILE = 0.975
 _OPTIONAL = ("attn_eff_ratio",)  # dropped (stated default) when the rows do not identify it
 
 
@@ -126,7 +127,7 @@ def fit(
     dropped = [
         n
         for n in _OPTIONAL
-        if n in names and (dof < 1 or not _identified(res.x[names.index(n)], se[names.index(n)]))
+        if n in names and (dof < 1 or not _identified(res.x[names.index(n)], se[names.index(n)], dof))
     ]
     not_identified = []
     for n in dropped:
@@ -182,9 +183,12 @@ def _least_squares(sub, systems: dict[str, System], names: Sequence[str], n_rows
     return list(names), res, se, lo, hi
 
 
-def _identified(value: float, stderr: float) -> bool:
-    """Estimate at least IDENTIFIED_T standard errors from zero (a NaN error: not identified)."""
-    return bool(np.isfinite(stderr) and abs(value) >= IDENTIFIED_T * stderr)
+def _identified(value: float, stderr: float, dof: int) -> bool:
+    """|estimate| / stderr at least Student's t (IDENTIFIED_QUANTILE, ``dof``); a NaN error: not."""
+    from scipy.stats import t as student_t
+
+    crit = float(student_t.ppf(IDENTIFIED_QUANTILE, max(int(dof), 1)))
+    return bool(np.isfinite(stderr) and abs(value) >= crit * stderr)
 
 
 def at_bounds(names: Sequence[str], x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[str]:

@@ -245,7 +245,7 @@ EVERY_THIRD = [
     # where the calibration rows identify it (analytic.vfit), the three llm-foundry tables:
     (PUB / "mosaicml_llmfoundry_fsdp_a100.csv", 92, 3.65, 5.0),
     (H100, 34, 4.16, 5.0),
-    (H100_FP8, 6, 3.73, 5.0),
+    (H100_FP8, 6, 8.77, 10.0),  # 4 calibration rows: the attention ratio is not identified (Student's t)
     (TORCHTITAN, 4, 6.13, 10.0),  # added at stop 17; split every-third, decided before running
     (LLAMA3, 2, 3.51, 5.0),  # calibrate on row 1 (decided before running, fixtures/published/SOURCE.txt)
 ]

@@ -34,9 +34,10 @@ Machine: the table's hardware column (presets with stated default efficiencies),
     help="""Predict every row of a measured table and report per-row and summary errors.
 
 \b
-The compute-efficiency parameters the tables can identify (GEMM efficiency y_max and
-the element-wise traffic factor; --fit) are fitted by least squares on a stated subset
-and errors are reported on the other rows only:
+The compute-efficiency parameters the tables can identify (GEMM efficiency y_max, capped
+at the device's measured achievable matmul; the element-wise traffic factor; the attention
+core's efficiency over the GEMMs', kept only where the rows identify it; --fit) are fitted
+by least squares on a stated subset and errors are reported on the other rows only:
   --calibrate-on ROWS   1-based rows, ranges (3-5), labels or group tags, e.g. 1,4,7,10 or full
   --calibrate-on every-third   rows 1, 4, 7, ... by position (chosen before any error is seen)
   --holdout FRACTION    a seeded random fraction held out
@@ -73,7 +74,7 @@ Example:
 @click.option("--loo", is_flag=True, help="Leave-one-out cross-validation (the default split).")
 @click.option("--seed", type=Int(0), default=0, show_default=True, help="Random seed of --holdout.")
 @click.option("--fit", "fit_kind", type=Choice(("compute", "gemm", "ymax", "none")), default="compute", show_default=True,
-              help="compute: GEMM y_max + element-wise traffic; gemm: y_max + x_half; ymax: y_max only; none: no fit.")  # fmt: skip
+              help="compute: GEMM y_max + element-wise traffic + attention ratio (where identified); gemm: y_max + x_half; ymax: y_max only; none: no fit.")  # fmt: skip
 @machine_options
 @click.option(
     "--override-hardware",
