@@ -39,15 +39,30 @@ def shape_of(model) -> Shape:
                  f(ex["ffn"]), f(ex["kv"]), str(ex["mlp"]), bool(ex["tied"]))  # fmt: skip
 
 
-def layer_terms(dm: DeviceModel, fam: Family, sh: Shape, b, t, sp, rc, flash) -> dict[str, np.ndarray]:
-    """Seconds of one layer per micro-batch: GEMMs + attention (transformer) and streamed."""
+def layer_terms(
+    dm: DeviceModel, fam: Family, sh: Shape, b, t, sp, rc, flash, fp8=False, fp8_scale=1.0
+) -> dict[str, np.ndarray]:
+    """Seconds of one layer per micro-batch: GEMMs + attention (transformer) and streamed.
+
+    ``fp8`` (Transformer Engine style): the linear GEMMs run at the fitted bf16 rate times
+    ``fp8_scale`` (the FP8 over the bf16 peak: the same fraction of the FP8 peak, the rule a
+    BF16-only calibration predicted the llm-foundry FP8 section with, docs/analytic.md) and
+    their casts stream at the fitted bandwidth; attention and the LM head stay bf16."""
+    from calib.analytic import precision as PR
+
     T = np.asarray(b, dtype=float) * sh.s
     passes = np.where(np.asarray(rc) == F.FULL, 2.0, 1.0)
-    gemm = D.gemm_layer_s(dm, T, sh.d, sh.a, sh.kv, sh.ffn, t, sh.mlp, passes)
+    fp8 = np.asarray(fp8, dtype=bool)
+    scale = np.where(fp8, fp8_scale, 1.0)
+    gemm = D.gemm_layer_s(dm, T, sh.d, sh.a, sh.kv, sh.ffn, t, sh.mlp, passes, scale)
     attn = D.attention_layer_s(dm, b, sh.s, sh.d, sh.a, t, flash, passes)
     selective = np.asarray(rc) == F.SELECTIVE
     attn = attn * np.where(selective, 4.5 / 3.5, 1.0)  # the attention core's forward once more
     stream = D.stream_layer_s(dm, fam, T, sh.d, sh.ffn, t, sp, passes)
+    if np.any(fp8):
+        mats = 3.0 if sh.mlp == "swiglu" else 2.0
+        casts = PR.cast_bytes_layer(T, sh.d, sh.ffn, sh.kv / sh.a, mats, t, passes)  # as the spec path
+        stream = stream + np.where(fp8, casts / (dm.stream_tbps.value * 1e12), 0.0)
     return {"transformer": gemm + attn, "stream": stream}
 
 

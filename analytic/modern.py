@@ -411,11 +411,14 @@ def stack_notes(model, plan, system=None) -> list[str]:
 
     out = []
     if plan.fp8 and system is not None and system.device_model is not None:
-        out.append("FP8: the fitted device model's GEMM times stay bf16 (FP8 changes memory only)")
+        out.append(
+            "FP8: the fitted device model's linear GEMMs at its bf16 rate x the FP8/bf16 peak ratio, casts at its "
+            "streaming bandwidth; attention and LM head bf16 (no FP8 trace measured it)"
+        )
     if MOE.is_moe(model):
         tot, act = MOE.total_and_active_params(model)
-        out.append(f"MoE: {tot / 1e9:.1f} B parameters, {act / 1e9:.1f} B active per token; balanced routing "
-                   "assumed (load imbalance not modelled)")  # fmt: skip
+        out.append(f"MoE: {tot / 1e9:.1f} B parameters, {act / 1e9:.1f} B active per token; the busiest EP "
+                   "rank's statistical load counted, a learned router's skew not modelled")  # fmt: skip
     if plan.tp_overlap:
         out.append(
             f"TP communication overlap: fraction {OV.TP_OVERLAP} of it hides under the layer (stated default)"

@@ -64,17 +64,18 @@ def layer_params(d, a, kv, ffn, mlp: str) -> np.ndarray:
     return sum(i * o for i, o, _ in linears(d, a, kv, ffn, mlp))
 
 
-def gemm_layer_s(dm: DeviceModel, T, d, a, kv, ffn, t, mlp: str, passes_fwd=1.0) -> np.ndarray:
-    """GEMM seconds of one layer's forward (``passes_fwd`` times) and backward."""
+def gemm_layer_s(dm: DeviceModel, T, d, a, kv, ffn, t, mlp: str, passes_fwd=1.0, scale=1.0) -> np.ndarray:
+    """GEMM seconds of one layer's forward (``passes_fwd`` times) and backward; ``scale``
+    multiplies the fitted FLOP rate (FP8 GEMMs: the FP8 over the bf16 peak)."""
     T, t = _f(T), _f(t)
     g = dm.gemm
     total = 0.0
     for i, o, col in linears(d, a, kv, ffn, mlp):
         i_t = np.where(col > 0, i, i / t)
         o_t = np.where(col > 0, o / t, o)
-        fwd = g.time_s(T, np.round(o_t), np.round(i_t))
-        dgrad = g.time_s(T, np.round(i_t), np.round(o_t))
-        wgrad = g.time_s(np.round(o_t), np.round(i_t), T)
+        fwd = g.time_s(T, np.round(o_t), np.round(i_t), scale=scale)
+        dgrad = g.time_s(T, np.round(i_t), np.round(o_t), scale=scale)
+        wgrad = g.time_s(np.round(o_t), np.round(i_t), T, scale=scale)
         total = total + passes_fwd * fwd + dgrad + wgrad
     return np.asarray(total)
 
