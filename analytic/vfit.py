@@ -9,10 +9,12 @@ physical range.  The attention ratio is kept only where the calibration rows ide
 (at least one residual degree of freedom, and the estimate significantly different from
 zero: |value| / stderr at least Student's t at 97.5 % with the fit's residual degrees of
 freedom -- 12.7 with one, 2.0 with many -- i.e. rows whose attention share differs:
-different sequence lengths or widths); otherwise the fit is repeated without
-it and the stated default 1 stands, said in ``not_identified``.  A parameter that ends on a bound is named in the fit's
-``at_bound`` lines: the fit wanted a value outside that range, so the parameter absorbs
-model error rather than measuring an efficiency.
+different sequence lengths or widths); otherwise the fit is repeated without it and the
+stated default 1 stands, said in ``not_identified``.  The GEMM plateau's upper bound is the
+device's measured maximum achievable matmul over its peak, where the preset has one.  A
+parameter that ends on a bound is named in the fit's ``at_bound`` lines: the fit wanted a
+value outside that range, so the parameter absorbs model error rather than measuring an
+efficiency.
 """
 
 from __future__ import annotations
