@@ -34,11 +34,27 @@ VECTOR_PASSES_KEY = "vector_passes"
 ATTN_EFF_RATIO_KEY = "attn_eff_ratio"
 
 
+#: physical range of each stored System setting: (lowest, highest, lowest allowed itself)
+_SAVED_RANGE = {VECTOR_PASSES_KEY: (0.0, 1e3, True), ATTN_EFF_RATIO_KEY: (0.0, 1e2, False)}
+
+
 def saved_vector_passes(cal: Calibration, key: str = VECTOR_PASSES_KEY) -> float | None:
     """The element-wise traffic factor (or another System setting under ``key``) a
-    validation fit stored in ``cal`` (None without one)."""
+    validation fit stored in ``cal`` (None without one); a value that is not a finite
+    number in its physical range is refused in one line naming the calibration and key."""
     vp = (cal.provenance or {}).get(key)
-    return float(vp["value"]) if isinstance(vp, dict) and vp.get("value") is not None else None
+    if vp is None:
+        return None
+    v = vp.get("value") if isinstance(vp, dict) else vp
+    lo, hi, lo_ok = _SAVED_RANGE.get(key, (0.0, np.inf, True))
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+    ok = ok and (v >= lo if lo_ok else v > lo) and v <= hi
+    if not ok:
+        rel = ">=" if lo_ok else ">"
+        raise InputError(
+            cal.system, f"provenance.{key}.value must be a number {rel} {lo:g} and <= {hi:g}, got {v!r:.40}"
+        )
+    return float(v)
 
 
 def _saved_hardware(cal: Calibration) -> HardwareSpec | None:

@@ -219,9 +219,9 @@ def fitted_calibration(system: System, name: str, params: dict, source: str) -> 
         "validation_hardware": system.hw.name,
     }
     fitted_note = f"fitted to {params['n_calibration_rows']} measured row(s) of a validation table"
-    for name, key, unit in (("vector_passes", VECTOR_PASSES_KEY, "HBM passes"), ("attn_eff_ratio", ATTN_EFF_RATIO_KEY, "")):  # fmt: skip
-        if name in params:
-            prov[key] = asdict(Param(params[name], params.get(name + "_stderr"), unit, note=fitted_note))
+    for field, key, unit in (("vector_passes", VECTOR_PASSES_KEY, "HBM passes"), ("attn_eff_ratio", ATTN_EFF_RATIO_KEY, "")):  # fmt: skip
+        if field in params:
+            prov[key] = asdict(Param(params[field], params.get(field + "_stderr"), unit, note=fitted_note))
     note = f"compute efficiencies fitted by a validation of {source}; collectives as in the base machine"
     return replace(
         cal,

@@ -12,7 +12,7 @@ import pytest
 from calib.analytic.validate import validate
 from calib.analytic.vtable import read_table
 
-from tests.conftest import run
+from tests.conftest import bad, run
 
 PUB = Path(__file__).parents[1] / "fixtures" / "published"
 H100 = PUB / "mosaicml_llmfoundry_fsdp_h100_bf16.csv"
@@ -71,6 +71,7 @@ def test_saved_ratio_reaches_predict(tmp_path):
             "--save-calibration", "h100fit").output
     )  # fmt: skip
     saved = json.loads(Path(out["saved_calibration"]).read_text())
+    assert saved["system"] == "h100fit"
     stored = saved["provenance"]["attn_eff_ratio"]
     assert stored["value"] == pytest.approx(out["fit"]["attn_eff_ratio"])
     assert stored["stderr"] == pytest.approx(out["fit"]["attn_eff_ratio_stderr"])
@@ -90,3 +91,21 @@ def test_saved_ratio_reaches_predict(tmp_path):
     gap_long = with_ratio["configs"][0]["iter_s"] / without["configs"][0]["iter_s"]
     gap_short = a["configs"][0]["iter_s"] / b["configs"][0]["iter_s"]
     assert gap_long > gap_short > 1.0  # the ratio weighs with the attention share
+
+
+@pytest.mark.parametrize("key", ["attn_eff_ratio", "vector_passes"])
+@pytest.mark.parametrize("value", ["x", -1, None, [1], 1e400, True])
+def test_a_stored_setting_out_of_range_is_refused(tmp_path, key, value):
+    """A calibration whose stored System setting is not a finite number in range is refused in
+    one line naming the calibration and the key (exit 2), never a traceback or an inf time."""
+    store = str(tmp_path / "store")
+    out = json.loads(
+        run("validate", str(SC21), "--calibrate-on", "every-third", "--store", store, "--json",
+            "--save-calibration", "sc21").output
+    )  # fmt: skip
+    saved = json.loads(Path(out["saved_calibration"]).read_text())
+    saved["provenance"][key] = {"value": value}
+    path = tmp_path / "bad.calib.json"
+    path.write_text(json.dumps(saved))
+    err = bad("predict", "--calibration", str(path), "--model", "gpt-13b", "--gpus", "8")
+    assert f"provenance.{key}.value must be a number" in err.problem

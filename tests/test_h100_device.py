@@ -175,9 +175,9 @@ def test_fp8_under_the_device_model(fitted):
     import numpy as np
     from calib.analytic import device_path as DP
     from calib.analytic import precision as PR
+    from calib.analytic.machine import build_system
     from calib.analytic.specs import load_hardware, load_model
     from calib.analytic.strategy import Strategies
-    from calib.analytic.machine import build_system
     from calib.analytic.timemodel import evaluate
     from calib.calibrate import device_step as D
 
