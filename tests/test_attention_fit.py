@@ -61,16 +61,22 @@ def test_too_few_rows_never_fit_the_ratio():
     assert "attn_eff_ratio" not in p and "no residual degree of freedom" in p["not_identified"][0]
 
 
+def _save(table: Path, store: Path, name: str) -> tuple[dict, dict]:
+    """``calib validate TABLE --calibrate-on every-third --save-calibration NAME``: (its JSON
+    output, the stored calibration)."""
+    out = json.loads(
+        run("validate", str(table), "--calibrate-on", "every-third", "--store", str(store), "--json",
+            "--save-calibration", name).output
+    )  # fmt: skip
+    return out, json.loads(Path(out["saved_calibration"]).read_text())
+
+
 def test_saved_ratio_reaches_predict(tmp_path):
     """``--save-calibration`` stores the ratio with its standard error; ``predict`` with that
     calibration applies it (and says so): a 1B model at s = 65536 with flash attention is
     slower than with the same calibration minus the ratio, by the attention share alone."""
     store = str(tmp_path / "store")
-    out = json.loads(
-        run("validate", str(H100), "--calibrate-on", "every-third", "--store", store, "--json",
-            "--save-calibration", "h100fit").output
-    )  # fmt: skip
-    saved = json.loads(Path(out["saved_calibration"]).read_text())
+    out, saved = _save(H100, tmp_path / "store", "h100fit")
     assert saved["system"] == "h100fit"
     stored = saved["provenance"]["attn_eff_ratio"]
     assert stored["value"] == pytest.approx(out["fit"]["attn_eff_ratio"])
@@ -93,17 +99,17 @@ def test_saved_ratio_reaches_predict(tmp_path):
     assert gap_long > gap_short > 1.0  # the ratio weighs with the attention share
 
 
+@pytest.fixture(scope="module")
+def sc21_saved(tmp_path_factory) -> dict:
+    return _save(SC21, tmp_path_factory.mktemp("store"), "sc21")[1]
+
+
 @pytest.mark.parametrize("key", ["attn_eff_ratio", "vector_passes"])
 @pytest.mark.parametrize("value", ["x", -1, None, [1], 1e400, True])
-def test_a_stored_setting_out_of_range_is_refused(tmp_path, key, value):
+def test_a_stored_setting_out_of_range_is_refused(tmp_path, sc21_saved, key, value):
     """A calibration whose stored System setting is not a finite number in range is refused in
     one line naming the calibration and the key (exit 2), never a traceback or an inf time."""
-    store = str(tmp_path / "store")
-    out = json.loads(
-        run("validate", str(SC21), "--calibrate-on", "every-third", "--store", store, "--json",
-            "--save-calibration", "sc21").output
-    )  # fmt: skip
-    saved = json.loads(Path(out["saved_calibration"]).read_text())
+    saved = json.loads(json.dumps(sc21_saved))
     saved["provenance"][key] = {"value": value}
     path = tmp_path / "bad.calib.json"
     path.write_text(json.dumps(saved))
