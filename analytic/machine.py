@@ -261,7 +261,9 @@ def build_system(
         g, k1, k2 = cal.gemm_efficiency_curve, cal.k1_curve, cal.k2_curve
         notes.append(
             f"efficiencies are stated defaults from hardware spec '{hw.name}' (no measurements): "
-            f"GEMM {g.y_max.value:g} of peak (half at {g.x_half.value:.0e} FLOP per matmul), "
+            f"GEMM {g.y_max.value:.3g} of peak "
+            f"({'measured max achievable matmul' if hw.mamf_tflops else 'generic'}; half at "
+            f"{g.x_half.value:.0e} FLOP per matmul), attention core at the GEMM efficiency, "
             f"k1 {k1.y_max.value:g}, k2 {k2.y_max.value:g}, busbw {hw.intra_busbw_gbps:.0f} GB/s intra / "
             f"{hw.inter_busbw_gbps:.0f} GB/s inter-node"
         )
