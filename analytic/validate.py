@@ -287,8 +287,10 @@ def validate(
     loo: bool = False,
     fit_kind: str = "compute",
     seed: int = 0,
+    progress=None,
 ) -> Validation:
     """Run the model over a normalised table with the chosen split (see module docstring).
+    ``progress``: an optional wrapper of the leave-one-out folds' iterable (a progress bar).
 
     With ``base`` every row runs on that machine; rows whose own hardware differs say so in
     ``hardware_override`` (refusing the disagreement, unless overridden, is the caller's).
@@ -312,7 +314,8 @@ def validate(
         if n < 2:
             raise InputError(where, "leave-one-out needs at least two rows")
         parts, params = [], []
-        for i in range(n):  # one fit per fold (n fits), each vectorised over the table
+        folds = range(n) if progress is None else progress(range(n))
+        for i in folds:  # one fit per fold (n fits), each vectorised over the table
             keep = np.arange(n) != i
             fitted, prm = fit(table, systems, keep, fit_kind)
             parts.append(table.subset(~keep).rows(fitted))

@@ -321,3 +321,18 @@ def test_api_refuses_the_disagreement_too():
         calib.validate(SC21, model=h100, calibrate_on="every-third")
     res = calib.validate(SC21, model=h100, calibrate_on="every-third", override_hardware=True)
     assert set(res.rows["hardware_override"]) == {"table: dgx-a100-80gb -> dgx-h100"}
+
+
+def test_leave_one_out_shows_progress_on_a_terminal(monkeypatch):
+    """A long leave-one-out (one fit per row) draws a progress bar on a terminal, and nothing
+    when stderr is piped or the table is short; the folds and their order are unchanged."""
+    import sys
+
+    from calib.commands.validate import _folds
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    assert _folds(range(139)) == range(139)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    bar = _folds(range(139))
+    assert type(bar).__name__ == "tqdm" and list(bar) == list(range(139))
+    assert _folds(range(12)) == range(12)

@@ -29,6 +29,18 @@ Machine: the table's hardware column (presets with stated default efficiencies),
 """
 
 
+def _folds(it):
+    """A progress bar over leave-one-out folds on a terminal (one fit per row); nothing when
+    stderr is piped (CI, logs)."""
+    import sys
+
+    if len(it) < 20 or not sys.stderr.isatty():
+        return it
+    from tqdm import tqdm
+
+    return tqdm(it, desc="validate (leave-one-out)", unit="fold", file=sys.stderr)
+
+
 @click.command(
     epilog=SCHEMA_HELP,
     help="""Predict every row of a measured table and report per-row and summary errors.
@@ -137,7 +149,7 @@ def validate(
         _refuse_disagreement(df, base, hardware, system, calibration)
     if save_calibration:
         _check_save(save_calibration, store, replace, fit_kind, calibrate_on, holdout)
-    res = run_validate(df, str(table), base, calibrate_on, holdout, loo, fit_kind, seed)
+    res = run_validate(df, str(table), base, calibrate_on, holdout, loo, fit_kind, seed, progress=_folds)
     info = {
         "table": str(table),
         "format": name,
