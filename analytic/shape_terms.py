@@ -26,3 +26,15 @@ def shape_terms(model) -> tuple[np.ndarray, np.ndarray, float, bool]:
         3.0 if ex["mlp"] == "swiglu" else 2.0,
         bool(ex["tied"]),
     )
+
+
+def attention_dims_factor(model) -> float:
+    """The attention core's FLOPs over the 4 b s^2 d the formulas count: a (d_qk + d_v) / (2 d)
+    with the model's per-head widths (1 when they are d / a; DeepSeek-V3's multi-head latent
+    attention, 128 heads of 192 and 128: 2.857)."""
+    ex = model.shape_extras
+    hq, hv = ex.get("qk_head_dim"), ex.get("v_head_dim")
+    if not hq and not hv:
+        return 1.0
+    d, a = float(np.asarray(model.d_model)), float(np.asarray(model.n_heads))
+    return a * ((hq or d / a) + (hv or d / a)) / (2.0 * d)

@@ -67,9 +67,17 @@ class ModelSpec:
     #: the model trains with dropout (GPT, Megatron: its masks are kept activations); Llama,
     #: Mixtral and DeepSeek have none (the presets say so, with their source)
     dropout: bool = True
+    #: per-head query/key and value widths where they are not d / a (DeepSeek's multi-head
+    #: latent attention: 128 + 64 and 128); they set the attention core's FLOPs
+    qk_head_dim: int | None = None
+    v_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         who = self.name or "model"
+        for f in ("qk_head_dim", "v_head_dim"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_COUNT):
+                raise InputError(who, f"{f} must be a positive integer, got {_short(v)}")
         if not isinstance(self.dropout, bool):
             raise InputError(who, f"dropout must be true or false, got {_short(self.dropout)}")
         for f in ("d_model", "n_layers", "n_heads", "seq_len", "vocab", "ffn", "kv_heads", "global_batch"):
@@ -104,7 +112,7 @@ class ModelSpec:
     @property
     def shape_extras(self) -> dict:
         return {"ffn": self.ffn_size, "kv": self.kv_head_count, "mlp": self.mlp, "tied": self.tied_embeddings,
-                "dropout": self.dropout}  # fmt: skip
+                "dropout": self.dropout, "qk_head_dim": self.qk_head_dim, "v_head_dim": self.v_head_dim}  # fmt: skip
 
 
 def _check_moe(m: ModelSpec, who: str) -> None:

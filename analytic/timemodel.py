@@ -35,7 +35,7 @@ from calib.analytic import zero_overlap as ZO
 from calib.analytic.bubble import pipeline_time_s
 from calib.analytic.comm import group_time_s, members_per_node
 from calib.analytic.memory import BYTES_GRAD, activations_bytes, logits_bytes, memory_per_gpu
-from calib.analytic.shape_terms import shape_terms, stage_params  # noqa: F401 (re-exported)
+from calib.analytic.shape_terms import attention_dims_factor, shape_terms, stage_params  # noqa: F401 (re-exported)
 from calib.analytic.specs import HardwareSpec, ModelColumns, ModelSpec, hardware_for_device
 from calib.analytic.strategy import Strategies
 from calib.calibrate import device_step as D
@@ -253,9 +253,12 @@ def evaluate(
     f_fwd = F.forward_flops_layer(b, s_loc, d, ffn_c, kv_frac, mats) / t
     f_train = F.training_flops_layers(b, s_loc, d, 1.0, rc, ffn_c, kv_frac, mats) / t
     f_head = F.lm_head_flops(b, s_loc, d, V) / t
+    # the attention core: 4 b s^2 d / t in the formulas, x the model's head widths (MLA)
     attn_fwd = X.attn_fwd_flops(b, s_loc, d, t)
-    attn_x = X.cp_attention_extra_flops(b, s_loc, d, t, st.cp, rc)
-    attn_fb = X.CP.flash_backward_extra_flops(attn_fwd, flash)  # flash recomputes Q K^T backward
+    mla = attention_dims_factor(model)
+    attn_x = mla * X.cp_attention_extra_flops(b, s_loc, d, t, st.cp, rc)
+    attn_fb = X.CP.flash_backward_extra_flops(mla * attn_fwd, flash)  # flash recomputes Q K^T backward
+    attn_fb = attn_fb + (mla - 1.0) * attn_fwd * (3.0 + (rc >= F.SELECTIVE))  # beyond f_train's count
     dm = system.device_model
     a_ratio = 1.0 if dm is not None else float(system.attn_eff_ratio)
     if dm is not None:  # the physical device model fitted from GPU traces

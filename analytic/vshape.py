@@ -15,6 +15,8 @@ mlp                      gelu | swiglu (gelu)
 tied_embeddings          true/false: the LM head shares the embedding (true)
 dropout                  true/false: the model trains with dropout, whose masks are kept
                          activations (true; Llama/Mixtral/DeepSeek presets: false)
+qk_head_dim, v_head_dim  per-head query/key and value widths where not d / a (multi-head
+                         latent attention); they set the attention core's FLOPs (d / a)
 n_experts, top_k,        mixture of experts (analytic.moe): routed experts (0 = dense),
 expert_ffn,              experts per token, expert MLP width (ffn), shared experts,
 shared_experts,          leading dense layers, capacity factor (blank = dropless)
@@ -48,7 +50,7 @@ from calib.core.errors import InputError
 SHAPE_INTS = ("ffn", "kv_heads", "n_experts", "top_k", "expert_ffn", "shared_experts", "dense_layers")
 MOE_FIELDS = ("n_experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor")
 PRESET_FIELDS = ("d_model", "n_layers", "n_heads", "seq_len", "vocab", "ffn", "kv_heads", "mlp",
-                 "tied_embeddings", "dropout") + MOE_FIELDS  # fmt: skip
+                 "tied_embeddings", "dropout", "qk_head_dim", "v_head_dim") + MOE_FIELDS  # fmt: skip
 #: text columns -> (allowed values, default)
 CHOICES = {
     "mlp": (MLP_KINDS, "gelu"),
@@ -123,7 +125,7 @@ def normalise_stack(out: pd.DataFrame, where: str, ints, bools) -> pd.DataFrame:
         out["shard_group"] = 0
     out["shard_group"] = out["shard_group"].where(~_blank(out["shard_group"]), 0)
     out["shard_group"] = ints(out, "shard_group", where)
-    for col in ("ffn", "kv_heads", "expert_ffn"):  # blank = the default of ModelSpec
+    for col in ("ffn", "kv_heads", "expert_ffn", "qk_head_dim", "v_head_dim"):  # blank = ModelSpec's default
         if col not in out.columns:
             out[col] = 0
         out[col] = out[col].where(~_blank(out[col]), 0)
@@ -157,12 +159,13 @@ def spec_of(r: pd.Series) -> ModelSpec:
         mlp=str(r["mlp"]), tied_embeddings=bool(r["tied_embeddings"]), dropout=bool(r["dropout"]),
         **{f: int(r[f]) for f in ("n_experts", "top_k", "shared_experts", "dense_layers")},
         expert_ffn=int(r["expert_ffn"]) or None, capacity_factor=None if pd.isna(cf) else float(cf),
+        qk_head_dim=int(r["qk_head_dim"]) or None, v_head_dim=int(r["v_head_dim"]) or None,
     )  # fmt: skip
 
 
 def _shape_key(df: pd.DataFrame) -> pd.Series:
     cols = ["d_model", "n_layers", "n_heads", "seq_len", "vocab", "ffn", "kv_heads", "mlp", "tied_embeddings",
-            "dropout", *MOE_FIELDS]  # fmt: skip
+            "dropout", "qk_head_dim", "v_head_dim", *MOE_FIELDS]  # fmt: skip
     return df[cols].apply(lambda c: c.map(str)).agg("|".join, axis=1)
 
 

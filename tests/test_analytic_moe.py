@@ -187,3 +187,30 @@ def test_busiest_ep_rank_under_balanced_routing():
     loads = rng.multinomial(8 * 4096 * 2, [1 / 8] * 8, size=10_000)
     simulated = float(np.mean(loads.max(axis=1)) / (4096 * 2))
     assert simulated == pytest.approx(float(max_load_factor(4096, 2, 8)), abs=0.0015)
+
+
+def test_mla_attention_core_by_hand():
+    """DeepSeek-V3's multi-head latent attention (config.json: 128 heads, query/key 128 + 64,
+    value 128): the attention core per layer is 2 b s^2 a (d_qk + d_v) = 81,920 b s^2 FLOPs
+    forward against the 4 b s^2 d = 28,672 b s^2 a d / a-wide core would take: 2.857x.  The
+    time model adds exactly (factor - 1) of the counted core's training passes, and flash's
+    recomputed scores on the widened core."""
+    from calib.analytic import formulas as F
+    from calib.analytic.shape_terms import attention_dims_factor, shape_terms
+
+    m = load_model("deepseek-v3")
+    assert (m.qk_head_dim, m.v_head_dim) == (192, 128)
+    assert attention_dims_factor(m) == pytest.approx(128 * (192 + 128) / (2 * 7168), rel=1e-12)
+    assert attention_dims_factor(load_model("llama3-70b")) == 1.0
+    # the time model's transformer kernels, MLA against the same model without the widths
+    plain = replace(m, qk_head_dim=None, v_head_dim=None)
+    st = Strategies.of(tp=1, pp=1, dp=1, ep=1, micro_batch=1, global_batch=1, zero=0, recompute=0,
+                       flash_attention=True)  # fmt: skip
+    sys0 = System(default_calibration(H100), H100, vector_passes=0.0)
+    wide, narrow = (float(np.ravel(evaluate(x, sys0, st)["kernel_transformer_s"])[0]) for x in (m, plain))
+    ffn, kv, mats, _ = shape_terms(m)
+    x = F.forward_flops_layer(1, m.seq_len, m.d_model, MOE.dense_ffn_avg(m, ffn), kv, mats) / 6
+    eff = float(np.ravel(sys0.cal.gemm_efficiency(x))[0])
+    core = 4.0 * m.seq_len**2 * m.d_model  # forward, one layer
+    added = m.n_layers * (attention_dims_factor(m) - 1.0) * core * 3.5 / (H100.peak_tflops * 1e12 * eff)
+    assert wide - narrow == pytest.approx(added, rel=1e-9)
