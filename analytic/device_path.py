@@ -51,14 +51,23 @@ def layer_terms(
     from calib.analytic import precision as PR
 
     T = np.asarray(b, dtype=float) * sh.s
-    passes = np.where(np.asarray(rc) == F.FULL, 2.0, 1.0)
+    rc = np.asarray(rc)
+    passes = np.where(rc == F.FULL, 2.0, 1.0)
+    # op-level SAC re-runs every second matmul (a share of the linear forward) and every
+    # element-wise op (as full recompute does)
+    lin_fwd = 2.0 * T * F.layer_matrix_params(sh.d, sh.ffn, sh.kv / sh.a, 3.0 if sh.mlp == "swiglu" else 2.0)
+    op_share = (
+        F.op_sac_recompute_flops(np.asarray(b, dtype=float), sh.s, sh.d, sh.ffn, sh.kv / sh.a) / lin_fwd
+    )
+    gemm_passes = np.where(rc == F.OP, 1.0 + op_share, passes)
+    stream_passes = np.where(rc == F.OP, 2.0, passes)
     fp8 = np.asarray(fp8, dtype=bool)
     scale = np.where(fp8, fp8_scale, 1.0)
-    gemm = D.gemm_layer_s(dm, T, sh.d, sh.a, sh.kv, sh.ffn, t, sh.mlp, passes, scale)
+    gemm = D.gemm_layer_s(dm, T, sh.d, sh.a, sh.kv, sh.ffn, t, sh.mlp, gemm_passes, scale)
     attn = D.attention_layer_s(dm, b, sh.s, sh.d, sh.a, t, flash, passes)
     selective = np.asarray(rc) == F.SELECTIVE
     attn = attn * np.where(selective, 4.5 / 3.5, 1.0)  # the attention core's forward once more
-    stream = D.stream_layer_s(dm, fam, T, sh.d, sh.ffn, t, sp, passes)
+    stream = D.stream_layer_s(dm, fam, T, sh.d, sh.ffn, t, sp, stream_passes)
     if np.any(fp8):
         mats = 3.0 if sh.mlp == "swiglu" else 2.0
         casts = PR.cast_bytes_layer(T, sh.d, sh.ffn, sh.kv / sh.a, mats, t, passes)  # as the spec path
@@ -90,7 +99,13 @@ def memory(
     # full recompute keeps each layer's input (2 bytes per value) plus one layer's full set
     per_layer = D.act_layer_bytes(fam, sh.d, sh.kv / sh.a, sh.ffn)
     full_scale = (2.0 * sh.d / per_layer) + 1.0 / np.maximum(np.ceil(sh.L / p_), 1.0)
-    scale = np.where(rc == F.FULL, full_scale, 1.0) * in_flight
+    # op-level SAC keeps what it saves (formulas.op_sac_kept_coeff) of the no-recompute set
+    op_scale = (
+        F.op_sac_kept_coeff(sh.ffn / sh.d, sh.kv / sh.a, 3.0 if sh.mlp == "swiglu" else 2.0)
+        * sh.d
+        / per_layer
+    )
+    scale = np.where(rc == F.FULL, full_scale, np.where(rc == F.OP, op_scale, 1.0)) * in_flight
     t_acts = np.where(np.asarray(sp, dtype=bool), t, 1.0)  # replicated activations without SP
     T = np.asarray(b, dtype=float) * sh.s
     V_eff = np.where(p_ == 1, sh.V, 0.0)  # logits live on the last stage only

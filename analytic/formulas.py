@@ -23,8 +23,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-NONE, SELECTIVE, FULL = 0, 1, 2
-RECOMPUTE_NAMES = ("none", "selective", "full")
+NONE, SELECTIVE, FULL, OP = 0, 1, 2, 3
+#: none; selective (Korthikanti: the attention core); full; op (torchtitan's op-level
+#: selective AC: matmul and attention outputs saved except every second matmul)
+RECOMPUTE_NAMES = ("none", "selective", "full", "op")
 BYTES_PER_VALUE = 2  # fp16 / bf16 activations and gradients
 
 
@@ -34,7 +36,35 @@ def recompute_code(name: str) -> int:
     try:
         return RECOMPUTE_NAMES.index(name.strip().lower())
     except ValueError:
-        raise InputError("recompute", f"unknown recompute mode '{name}' (none, selective, full)") from None
+        raise InputError(
+            "recompute", f"unknown recompute mode '{name}' (none, selective, full, op)"
+        ) from None
+
+
+def attention_recomputed(recompute: ArrayLike) -> np.ndarray:
+    """Whether the attention core's forward runs again in backward: selective and full
+    recompute (op-level SAC saves the attention output)."""
+    rc = np.asarray(recompute)
+    return (rc == SELECTIVE) | (rc == FULL)
+
+
+def op_sac_recompute_flops(b: ArrayLike, s: ArrayLike, d: ArrayLike, ffn: ArrayLike | None = None,
+                           kv_frac: ArrayLike = 1.0) -> np.ndarray:  # fmt: skip
+    """Forward FLOPs op-level SAC re-runs per layer: every second matmul of the block
+    (torchtitan ``_custom_policy``: "Saves output of all compute ops, except every second
+    mm"; order wq, wk, wv, wo, w1, [w3,] w2), i.e. wk, wo and the MLP's second matrix:
+    2 b s (d^2 kv/a + d^2 + d f)."""
+    b, s, d = (np.asarray(x, dtype=float) for x in (b, s, d))
+    f = 4.0 * d if ffn is None else np.asarray(ffn, dtype=float)
+    return 2.0 * b * s * (d * d * np.asarray(kv_frac, dtype=float) + d * d + d * f)
+
+
+def op_sac_kept_coeff(ffn_over_d: ArrayLike, kv_frac: ArrayLike, mats: ArrayLike) -> np.ndarray:
+    """Bytes per s b d op-level SAC keeps per layer: the block input, wq's and wv's outputs
+    (1 + kv/a), the attention output, w1's output (f/d) and, with SwiGLU, w2's (the saved
+    matmuls are the odd ones of wq, wk, wv, wo, w1, [w3,] w2), 2 bytes each."""
+    f, kv, mt = (np.asarray(x, dtype=float) for x in (ffn_over_d, kv_frac, mats))
+    return 2.0 * (1.0 + 1.0 + kv + 1.0 + f + np.where(mt >= 3.0, 1.0, 0.0))
 
 
 # ---- parameters ----------------------------------------------------------------------
@@ -89,6 +119,7 @@ def training_flops_layers(
     rc = np.asarray(recompute)
     b, s, d = (np.asarray(x, dtype=float) for x in (b, s, d))
     extra = np.where(rc == FULL, fwd, np.where(rc == SELECTIVE, 4.0 * b * s * s * d, 0.0))
+    extra = np.where(rc == OP, op_sac_recompute_flops(b, s, d, ffn, kv_frac), extra)
     return (3.0 * fwd + extra) * np.asarray(L, dtype=float)
 
 
@@ -165,7 +196,9 @@ def activation_bytes_layer(
     replicated = KEPT_REPLICATED - 2.0 * (1.0 - drop)  # the two 1-byte dropout masks
     linear = np.where(sp, (replicated + split) / t, replicated + split / t)
     full = 2.0 * sbd / np.where(sp, t, 1.0)
-    return np.where(rc == FULL, full, np.where(rc == SELECTIVE, sbd * linear, sbd * (linear + attn)))
+    op = sbd * op_sac_kept_coeff(ffn_over_d, kv_frac, mats) / t  # split like the linear layers
+    out = np.where(rc == FULL, full, np.where(rc == SELECTIVE, sbd * linear, sbd * (linear + attn)))
+    return np.where(rc == OP, op, out)
 
 
 def vector_traffic_bytes_layer(
@@ -190,7 +223,8 @@ def vector_traffic_bytes_layer(
     rc = np.asarray(recompute)
     base = activation_bytes_layer(b, s, d, a, t, seq_parallel, NONE, flash)
     attn = base - activation_bytes_layer(b, s, d, a, t, seq_parallel, SELECTIVE, flash)
-    extra = np.where(rc == FULL, base, np.where(rc == SELECTIVE, attn, 0.0)) * (2.0 / 5.0)
+    # op-level SAC re-runs every element-wise op of the forward, as full recompute does
+    extra = np.where((rc == FULL) | (rc == OP), base, np.where(rc == SELECTIVE, attn, 0.0)) * (2.0 / 5.0)
     return passes * (base + extra)
 
 

@@ -225,7 +225,7 @@ def cp_attention_extra_flops(b, s_loc, d, t, cp, rc) -> np.ndarray:
     """Attention FLOPs the local-sequence count misses under CP: the GPU's queries meet all s
     keys, 4 b (s/c) s d / t forward (load-balanced), not 4 b (s/c)^2 d / t."""
     # CP attention runs blockwise (flash): its backward recomputes the scores (context.py)
-    passes = 1.0 + CP.FLASH_BWD_OVER_FWD + (np.asarray(rc) >= F.SELECTIVE)
+    passes = 1.0 + CP.FLASH_BWD_OVER_FWD + F.attention_recomputed(rc)
     return passes * attn_fwd_flops(b, s_loc, d, t) * (_f(cp) - 1.0)
 
 
@@ -257,7 +257,7 @@ def gemm_and_casts(st, hw, f_train, attn_fwd, rc, peak, eff, T, d, ffn, kv_frac,
     """(GEMM seconds of a layer, FP8 cast bytes): linear GEMMs at the FP8 peak under ``fp8``.
     ``attn_extra``: attention FLOPs beyond ``f_train`` (a flash backward's recomputed scores);
     the attention core runs at ``attn_ratio`` x the GEMM efficiency (System.attn_eff_ratio)."""
-    attn_in = attn_fwd * (3.0 + (np.asarray(rc) >= F.SELECTIVE))  # the attention core inside f_train
+    attn_in = attn_fwd * (3.0 + F.attention_recomputed(rc))  # the attention core inside f_train
     linear, attn_tr = f_train - attn_in, (attn_in + attn_extra) / attn_ratio
     if not st.is_modern:
         return (linear + attn_tr) / (peak * eff), 0.0

@@ -258,7 +258,7 @@ def evaluate(
     mla = attention_dims_factor(model)
     attn_x = mla * X.cp_attention_extra_flops(b, s_loc, d, t, st.cp, rc)
     attn_fb = X.CP.flash_backward_extra_flops(mla * attn_fwd, flash)  # flash recomputes Q K^T backward
-    attn_fb = attn_fb + (mla - 1.0) * attn_fwd * (3.0 + (rc >= F.SELECTIVE))  # beyond f_train's count
+    attn_fb = attn_fb + (mla - 1.0) * attn_fwd * (3.0 + F.attention_recomputed(rc))  # beyond f_train's count
     dm = system.device_model
     a_ratio = 1.0 if dm is not None else float(system.attn_eff_ratio)
     if dm is not None:  # the physical device model fitted from GPU traces
@@ -310,7 +310,9 @@ def evaluate(
     n_tp = np.where(full, 6.0, 4.0)
     tp_layer = X.tp_exposed(n_tp * np.where(sp, c["tp_ag_s"] + c["tp_rs_s"], c["tp_ar_s"]), layer_compute, st)
     pp_mb = 2.0 * v * c["pp_p2p_s"]
-    attn_core_s = share * (attn_x + attn_fb + attn_fwd * (3.0 + (rc >= F.SELECTIVE))) / (peak * eff * a_ratio)
+    attn_core_s = (
+        share * (attn_x + attn_fb + attn_fwd * (3.0 + F.attention_recomputed(rc))) / (peak * eff * a_ratio)
+    )
     xl_total, xl_exposed = X.layer_comm(model, st, c, rc, layer_compute, attn_core_s)
 
     stage_mb = lps * (layer_compute + tp_layer + xl_exposed) + pp_mb

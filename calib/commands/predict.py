@@ -77,10 +77,11 @@ Example:
 )
 @click.option(
     "--recompute",
-    type=Choice(("none", "selective", "full")),
+    type=Choice(("none", "selective", "full", "op")),
     default="none",
     show_default=True,
-    help="Activation recomputation.",
+    help="Activation recomputation: selective = the attention core (Korthikanti et al.); op = "
+    "torchtitan's op-level selective AC (matmul and attention outputs saved but every second matmul).",
 )
 @click.option(
     "--seq-parallel",

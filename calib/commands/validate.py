@@ -13,7 +13,7 @@ Table (CSV): the validation schema, or one of the published tables (detected by 
   megatron2020 (Megatron-LM README 2020 TP/DP table), mosaicml (llm-foundry FSDP).
 Schema columns (units in names): label, hardware, d_model, n_layers, n_heads, seq_len,
 vocab, gpus, tp, pp, [dp], micro_batch, global_batch, [interleave], [zero 0-3],
-[recompute none|selective|full], [seq_parallel], [dp_overlap], [flash_attention],
+[recompute none|selective|full|op], [seq_parallel], [dp_overlap], [flash_attention],
 one of measured_iter_s | measured_tflops_per_gpu (+ tflops_convention
 model|hardware|megatron_eq3) | measured_tokens_per_s_per_gpu, [group], [source].
 Optional shape/stack columns: [model] (a preset: fills the shape), [ffn], [kv_heads],
