@@ -38,10 +38,10 @@ ATTN_EFF_RATIO_KEY = "attn_eff_ratio"
 _SAVED_RANGE = {VECTOR_PASSES_KEY: (0.0, 1e3, True), ATTN_EFF_RATIO_KEY: (0.0, 1e2, False)}
 
 
-def saved_vector_passes(cal: Calibration, key: str = VECTOR_PASSES_KEY) -> float | None:
-    """The element-wise traffic factor (or another System setting under ``key``) a
-    validation fit stored in ``cal`` (None without one); a value that is not a finite
-    number in its physical range is refused in one line naming the calibration and key."""
+def saved_setting(cal: Calibration, key: str) -> float | None:
+    """The System setting (``vector_passes``, ``attn_eff_ratio``) a validation fit stored in
+    ``cal`` (None without one); a value that is not a finite number in its physical range is
+    refused in one line naming the calibration and key."""
     vp = (cal.provenance or {}).get(key)
     if vp is None:
         return None
@@ -306,14 +306,13 @@ def build_system(
     # a GPU runs one rank at full speed: compute slots (time-sharing) describe CPU hosts
     slots = compute_slots(cal) if cal.device_model is None else None
     machine = System(cal, hw, compute_slots_per_node=slots.value if slots is not None else None)
-    if saved_vector_passes(cal) is not None:
-        machine = replace(machine, vector_passes=saved_vector_passes(cal))
-        notes.append(f"element-wise traffic {machine.vector_passes:.3g} HBM passes, fitted by a validation")
-    if saved_vector_passes(cal, ATTN_EFF_RATIO_KEY) is not None:
-        machine = replace(machine, attn_eff_ratio=saved_vector_passes(cal, ATTN_EFF_RATIO_KEY))
-        notes.append(
-            f"attention core at {machine.attn_eff_ratio:.3g} x the GEMM efficiency, fitted by a validation"
-        )
+    vp, ratio = saved_setting(cal, VECTOR_PASSES_KEY), saved_setting(cal, ATTN_EFF_RATIO_KEY)
+    if vp is not None:
+        machine = replace(machine, vector_passes=vp)
+        notes.append(f"element-wise traffic {vp:.3g} HBM passes, fitted by a validation")
+    if ratio is not None:
+        machine = replace(machine, attn_eff_ratio=ratio)
+        notes.append(f"attention core at {ratio:.3g} x the GEMM efficiency, fitted by a validation")
     if machine.k2_covers_other_kernels:
         notes.append(
             "k2 measured on traces: element-wise, normalisation and optimizer kernels are inside its 1 - k2 share "

@@ -257,8 +257,9 @@ def evaluate(
     attn_fwd = X.attn_fwd_flops(b, s_loc, d, t)
     mla = attention_dims_factor(model)
     attn_x = mla * X.cp_attention_extra_flops(b, s_loc, d, t, st.cp, rc)
-    attn_fb = X.CP.flash_backward_extra_flops(mla * attn_fwd, flash)  # flash recomputes Q K^T backward
-    attn_fb = attn_fb + (mla - 1.0) * attn_fwd * (3.0 + F.attention_recomputed(rc))  # beyond f_train's count
+    # attention FLOPs beyond f_train's count: flash's recomputed Q K^T in backward, MLA's widths
+    attn_more = X.CP.flash_backward_extra_flops(mla * attn_fwd, flash)
+    attn_more = attn_more + (mla - 1.0) * attn_fwd * (3.0 + F.attention_recomputed(rc))
     dm = system.device_model
     a_ratio = 1.0 if dm is not None else float(system.attn_eff_ratio)
     if dm is not None:  # the physical device model fitted from GPU traces
@@ -277,8 +278,8 @@ def evaluate(
         eff, k1, k2 = cal.gemm_efficiency(x), cal.k1(x), cal.k2(x)
         vec_bytes = F.vector_traffic_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, vec_passes)
         gemm, casts = X.gemm_and_casts(
-            st, hw, f_train, attn_fwd, rc, peak, eff, b * s_loc, d, ffn_c, kv_frac, mats, t, attn_fb, a_ratio
-        )
+            st, hw, f_train, attn_fwd, rc, peak, eff, b * s_loc, d, ffn_c, kv_frac, mats, t, attn_more, a_ratio
+        )  # fmt: skip
         layer_tr = share * (gemm + (vec_bytes + casts) / (hw.hbm_tbps * 1e12))
         layer_kernel = layer_tr / k2
         if covered and np.any(st.fused_layers):
@@ -311,7 +312,7 @@ def evaluate(
     tp_layer = X.tp_exposed(n_tp * np.where(sp, c["tp_ag_s"] + c["tp_rs_s"], c["tp_ar_s"]), layer_compute, st)
     pp_mb = 2.0 * v * c["pp_p2p_s"]
     attn_core_s = (
-        share * (attn_x + attn_fb + attn_fwd * (3.0 + F.attention_recomputed(rc))) / (peak * eff * a_ratio)
+        share * (attn_x + attn_more + attn_fwd * (3.0 + F.attention_recomputed(rc))) / (peak * eff * a_ratio)
     )
     xl_total, xl_exposed = X.layer_comm(model, st, c, rc, layer_compute, attn_core_s)
 

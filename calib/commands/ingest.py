@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 import numpy as np
 import pandas as pd
 
-from calib.commands.options import on_wait, replace_option, run_exists
+from calib.commands.options import on_wait, replace_option, run_exists, terminal_progress
 from calib.core.errors import InputError
 from calib.core.rundir import RunExists, write_run
 from calib.core.schema import KIND_TRACE
@@ -45,13 +44,8 @@ def _parse_model(text: str | None) -> dict:
 
 
 def _progress(it):
-    """tqdm on a terminal, nothing when stderr is piped (CI, logs)."""
-    total = len(it) if hasattr(it, "__len__") else None
-    if (total is not None and total < 2) or not sys.stderr.isatty():
-        return it
-    from tqdm import tqdm
-
-    return tqdm(it, total=total, desc="ingest", unit="rank", file=sys.stderr)
+    """A bar over the ranks on a terminal (options.terminal_progress)."""
+    return terminal_progress(it, "ingest", "rank")
 
 
 @click.command(name="ingest")

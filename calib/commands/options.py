@@ -230,3 +230,16 @@ def run_exists(target: str | Path, option: str = "--name") -> InputError:
 def on_wait(line: str) -> None:
     """Where the store's lock says why a writer waits."""
     click.echo(f"calib: {line}", err=True)
+
+
+def terminal_progress(it, desc: str, unit: str, minimum: int = 2):
+    """A tqdm bar over ``it`` on a terminal; ``it`` itself when stderr is piped (CI, logs)
+    or it has fewer than ``minimum`` items (ingest's ranks, validate's folds)."""
+    import sys
+
+    total = len(it) if hasattr(it, "__len__") else None
+    if (total is not None and total < minimum) or not sys.stderr.isatty():
+        return it
+    from tqdm import tqdm
+
+    return tqdm(it, total=total, desc=desc, unit=unit, file=sys.stderr)

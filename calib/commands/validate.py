@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from calib.commands.options import Choice, Fraction, Int, machine_options, require
+from calib.commands.options import Choice, Fraction, Int, machine_options, require, terminal_progress
 from calib.core.errors import InputError
 
 SCHEMA_HELP = """\b
@@ -30,15 +30,8 @@ Machine: the table's hardware column (presets with stated default efficiencies),
 
 
 def _folds(it):
-    """A progress bar over leave-one-out folds on a terminal (one fit per row); nothing when
-    stderr is piped (CI, logs)."""
-    import sys
-
-    if len(it) < 20 or not sys.stderr.isatty():
-        return it
-    from tqdm import tqdm
-
-    return tqdm(it, desc="validate (leave-one-out)", unit="fold", file=sys.stderr)
+    """A bar over leave-one-out folds (one fit per row) on a terminal, from 20 folds."""
+    return terminal_progress(it, "validate (leave-one-out)", "fold", minimum=20)
 
 
 @click.command(
