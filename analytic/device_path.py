@@ -40,14 +40,16 @@ def shape_of(model) -> Shape:
 
 
 def layer_terms(
-    dm: DeviceModel, fam: Family, sh: Shape, b, t, sp, rc, flash, fp8=False, fp8_scale=1.0
+    dm: DeviceModel, fam: Family, sh: Shape, b, t, sp, rc, flash, fp8=False, fp8_scale=1.0, attn_scale=1.0
 ) -> dict[str, np.ndarray]:
     """Seconds of one layer per micro-batch: GEMMs + attention (transformer) and streamed.
 
     ``fp8`` (Transformer Engine style): the linear GEMMs run at the fitted bf16 rate times
     ``fp8_scale`` (the FP8 over the bf16 peak: the same fraction of the FP8 peak, the rule a
     BF16-only calibration predicted the llm-foundry FP8 section with, docs/analytic.md) and
-    their casts stream at the fitted bandwidth; attention and the LM head stay bf16."""
+    their casts stream at the fitted bandwidth; attention and the LM head stay bf16.
+    ``attn_scale``: the attention core's FLOPs over a d / a-wide one (MLA's head widths,
+    shape_terms.attention_dims_factor)."""
     from calib.analytic import precision as PR
 
     T = np.asarray(b, dtype=float) * sh.s
@@ -66,7 +68,7 @@ def layer_terms(
     gemm = D.gemm_layer_s(dm, T, sh.d, sh.a, sh.kv, sh.ffn, t, sh.mlp, gemm_passes, scale)
     attn = D.attention_layer_s(dm, b, sh.s, sh.d, sh.a, t, flash, passes)
     selective = np.asarray(rc) == F.SELECTIVE
-    attn = attn * np.where(selective, 4.5 / 3.5, 1.0)  # the attention core's forward once more
+    attn = attn_scale * attn * np.where(selective, 4.5 / 3.5, 1.0)  # selective: the core's forward once more
     stream = D.stream_layer_s(dm, fam, T, sh.d, sh.ffn, t, sp, stream_passes)
     if np.any(fp8):
         mats = 3.0 if sh.mlp == "swiglu" else 2.0

@@ -266,7 +266,7 @@ def evaluate(
         fam, fam_note = dm.family(model.shape_extras["mlp"])
         sh = replace(DP.shape_of(model), s=s_loc, ffn=ffn_c)
         r8 = (hw.peak_fp8_tflops or hw.peak_tflops) / hw.peak_tflops  # FP8 GEMMs (device_path)
-        lt = DP.layer_terms(dm, fam, sh, b, t, sp, rc, flash, st.fp8, r8)
+        lt = DP.layer_terms(dm, fam, sh, b, t, sp, rc, flash, st.fp8, r8, mla)
         ht = DP.head_terms(dm, fam, sh, b, t)
         layer_tr, layer_kernel = share * lt["transformer"], share * (lt["transformer"] + lt["stream"])
         head_tr, head_kernel = share * ht["transformer"], share * (ht["transformer"] + ht["stream"])

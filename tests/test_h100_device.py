@@ -200,3 +200,26 @@ def test_fp8_under_the_device_model(fitted):
                        fp8=np.array([False, True]))  # fmt: skip
     it = evaluate(m, sysm, st)["iter_s"]
     assert 1.0 < it[0] / it[1] < r8
+
+
+def test_mla_widths_scale_the_device_models_attention(fitted):
+    """A model whose heads are wider than d / a (MLA) costs attn_scale x the fitted attention
+    core's time under a device model too, and nothing else changes."""
+    from dataclasses import replace
+
+    from calib.analytic import device_path as DP
+    from calib.analytic.shape_terms import attention_dims_factor
+    from calib.analytic.specs import load_model
+    from calib.calibrate import device_step as D
+
+    model, _ = fitted
+    dm = model.device_model_
+    fam, _ = dm.family("swiglu")
+    m = replace(load_model("llama3-8b"), seq_len=4096, qk_head_dim=192, v_head_dim=128)
+    f = attention_dims_factor(m)
+    assert f == pytest.approx(32 * 320 / (2 * 4096))
+    sh = DP.shape_of(m)
+    one, wide = (DP.layer_terms(dm, fam, sh, 2, 1, False, 0, True, attn_scale=x) for x in (1.0, f))
+    attn = D.attention_layer_s(dm, 2, sh.s, sh.d, sh.a, 1, True, 1.0)
+    assert float(wide["transformer"] - one["transformer"]) == pytest.approx(float((f - 1.0) * attn), rel=1e-9)
+    assert float(wide["stream"]) == pytest.approx(float(one["stream"]))
