@@ -128,7 +128,8 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         raise InputError(
-            where, f"row {i + 1}: recompute must be none, selective or full, got {df['recompute'].iloc[i]!r}"
+            where,
+            f"row {i + 1}: recompute must be one of {', '.join(RECOMPUTE_NAMES)}, got {df['recompute'].iloc[i]!r}",
         )
     for col in ("seq_parallel", "dp_overlap", "flash_attention"):
         out[col] = _bools(out, col, where)

@@ -127,7 +127,7 @@ def test_canonical_schema_errors_name_row_and_column():
         normalise(pd.DataFrame([base, {**base, "tp": "two"}]), "t.csv")
     with pytest.raises(InputError, match="missing column"):
         normalise(pd.DataFrame([{k: v for k, v in base.items() if k != "gpus"}]), "t.csv")
-    with pytest.raises(InputError, match="recompute must be none, selective or full"):
+    with pytest.raises(InputError, match="recompute must be one of none, selective, full, op"):
         normalise(pd.DataFrame([{**base, "recompute": "some"}]), "t.csv")
     with pytest.raises(InputError, match="needs tflops_convention"):
         normalise(

@@ -63,3 +63,23 @@ def test_torchtitan_rows_run_as_op_level_sac():
 
     v = validate(df, "torchtitan", fit_kind="none")
     assert v.summary["n_predicted_oom"] == 0
+
+
+def test_bad_recompute_and_head_width_values_are_one_line(tmp_path):
+    """A table's unknown recompute mode names every known one (op included); a head width that
+    is not a non-negative integer names the row and column; predict refuses an unknown mode."""
+    from tests.conftest import bad
+
+    head = "label,hardware,d_model,n_layers,n_heads,seq_len,vocab,gpus,tp,pp,dp,micro_batch,global_batch"
+    table = tmp_path / "t.csv"
+    table.write_text(
+        f"{head},recompute,measured_iter_s\nr1,dgx-h100,4096,32,32,2048,32000,8,1,1,8,1,8,opp,1.0\n"
+    )
+    err = bad("validate", str(table), "--fit", "none")
+    assert "recompute must be one of none, selective, full, op, got 'opp'" in err.problem
+    for v in ("abc", "-1", "1.5"):
+        table.write_text(
+            f"{head},qk_head_dim,measured_iter_s\nr1,dgx-h100,4096,32,32,2048,32000,8,1,1,8,1,8,{v},1.0\n"
+        )
+        assert "column 'qk_head_dim'" in bad("validate", str(table), "--fit", "none").problem
+    assert bad("predict", "--hardware", "dgx-h100", "--model", "gpt-13b", "--gpus", "8", "--recompute", "opp")

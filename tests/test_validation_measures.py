@@ -83,7 +83,7 @@ def test_recompute_as_activation_checkpointing_flags(tmp_path):
     assert got["recompute"].tolist() == ["full", "none", "selective"]
     with pytest.raises(InputError) as e:
         read_table(_write(tmp_path, df.assign(recompute=["1", "full", "full"]), "code.csv"))
-    assert "recompute must be none, selective or full" in e.value.problem
+    assert "recompute must be one of none, selective, full, op" in e.value.problem
 
 
 def test_hardware_spec_next_to_the_table(tmp_path, monkeypatch):
