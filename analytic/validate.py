@@ -326,8 +326,7 @@ def validate(
             vals = np.array([p[name] for p in params if name in p])
             if vals.size:
                 prm[name + "_range"] = [float(vals.min()), float(vals.max())]
-        bounds = pd.Series([b for p in params for b in p["at_bound"]], dtype=object).value_counts()
-        prm["at_bound"] = [f"{b} in {k} of {n} folds" for b, k in bounds.items()]
+        prm["at_bound"] = _fold_bounds(params, n)
         return Validation(
             rows, _summary(rows, None, table.rows(systems)), prm, f"leave-one-out over {n} rows"
         )
@@ -346,6 +345,7 @@ def validate(
     if cal_rows.all():
         raise InputError("calibrate_on", "every row is a calibration row; nothing is held out")
     fitted, prm = fit(table, systems, cal_rows, fit_kind)
+    prm.pop("bound_hits", None)  # structured form of at_bound, for the folds' summary only
     rows = _annotate(table.rows(fitted).assign(role=np.where(cal_rows, "calibration", "held-out")), df, base)
     return Validation(rows, _summary(rows, ~cal_rows, table.rows(systems)), prm, split, fitted)
 
@@ -375,4 +375,19 @@ def _summary(
             base["median_abs_pct"],
             base["max_abs_pct"],
         )
+    return out
+
+
+def _fold_bounds(params: list[dict], n: int) -> list[str]:
+    """One line per (parameter, bound) over the leave-one-out folds: in how many folds it
+    ended there, and the range of its values (the folds' values differ, the finding not)."""
+    hits: dict[tuple, list] = {}
+    for p in params:
+        for name, side, bound, value, shown in p.get("bound_hits", []):
+            hits.setdefault((name, side, bound), []).append((value, shown))
+    out = []
+    for (name, side, bound), vals in hits.items():
+        lo, hi = min(vals)[1], max(vals)[1]
+        where = lo if lo == hi else f"{lo}..{hi}"
+        out.append(f"{name} = {where} is at its {side} bound {bound} in {len(vals)} of {n} folds")
     return out

@@ -142,7 +142,8 @@ def fit(
     note = f"fitted to {n_rows} measured row(s) of a validation table"
     fitted = _apply(systems, names, res.x, se, note)
     rel = np.expm1(res.fun)
-    params = {"fit": kind, "n_calibration_rows": n_rows, "at_bound": at_bounds(names, res.x, lo, hi)}
+    params = {"fit": kind, "n_calibration_rows": n_rows, "at_bound": at_bounds(names, res.x, lo, hi),
+              "bound_hits": bound_hits(names, res.x, lo, hi)}  # fmt: skip
     if not_identified:
         params["not_identified"] = not_identified
     for n, v, e in zip(names, res.x, se):
@@ -193,9 +194,10 @@ def _identified(value: float, stderr: float, dof: int) -> bool:
     return bool(np.isfinite(stderr) and abs(value) >= crit * stderr)
 
 
-def at_bounds(names: Sequence[str], x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[str]:
-    """One line per fitted parameter that ended on (within 0.1 % of the range of) a bound:
-    the fit wanted a value outside the physical range, so the parameter absorbs model error."""
+def bound_hits(names: Sequence[str], x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[tuple]:
+    """(parameter, side, bound as printed, value, value as printed) of every fitted parameter
+    that ended on (within 0.1 % of the range of) a bound: the fit wanted a value outside the
+    physical range, so the parameter absorbs model error."""
     out = []
     for n, v, a, b in zip(names, x, lo, hi):
         tol = 1e-3 * (b - a)
@@ -203,8 +205,13 @@ def at_bounds(names: Sequence[str], x: np.ndarray, lo: np.ndarray, hi: np.ndarra
         if side is None:
             continue
         shown = (lambda u: f"{10.0**u:.3g}") if n == "gemm_x_half_flop" else (lambda u: f"{u:.4g}")
-        out.append(f"{n} = {shown(v)} is at its {side} bound {shown(bound)}")
+        out.append((n, side, shown(bound), float(v), shown(v)))
     return out
+
+
+def at_bounds(names: Sequence[str], x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[str]:
+    """One line per fitted parameter that ended on a bound (:func:`bound_hits`)."""
+    return [f"{n} = {v} is at its {side} bound {b}" for n, side, b, _, v in bound_hits(names, x, lo, hi)]
 
 
 def fitted_calibration(system: System, name: str, params: dict, source: str) -> Calibration:

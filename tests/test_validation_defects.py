@@ -191,6 +191,20 @@ def test_parameter_on_its_bound_is_a_warning():
     assert validate(sc21, str(SC21), calibrate_on="every-third").params["at_bound"] == []
 
 
+def test_leave_one_out_names_each_bound_once_with_its_fold_count():
+    """Leave-one-out fits the table once per row; a parameter on a bound in several folds is
+    one warning with its count and value range, not one line per fold's value."""
+    df, _ = read_table(MLM)
+    n = len(df)
+    res = validate(df, str(MLM), loo=True)
+    lines = res.params["at_bound"]
+    assert len(lines) == len({line.split(" = ")[0] for line in lines}), lines
+    ymax = [line for line in lines if line.startswith("gemm_y_max = ")]
+    assert len(ymax) == 1 and ymax[0].endswith(f" of {n} folds"), lines
+    k = int(ymax[0].split(" in ")[-1].split(" of ")[0])
+    assert 1 <= k <= n
+
+
 # ---- f. --save-calibration round trip -----------------------------------------------------
 def test_save_calibration_round_trip(tmp_path):
     store = str(tmp_path / "store")
