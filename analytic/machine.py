@@ -32,6 +32,7 @@ VECTOR_PASSES_KEY = "vector_passes"
 
 #: ... and the attention core's efficiency over the GEMMs' (System.attn_eff_ratio)
 ATTN_EFF_RATIO_KEY = "attn_eff_ratio"
+SAVED_KEYS = (VECTOR_PASSES_KEY, ATTN_EFF_RATIO_KEY)
 
 
 #: physical range of each stored System setting: (lowest, highest, lowest allowed itself)
@@ -146,6 +147,9 @@ def transfer(cal: Calibration, target: HardwareSpec, source: HardwareSpec | None
             "transferred_from": cal.system,
             "target_hardware": target.name,
             "source": dict(cal.provenance),
+            # fitted settings of the software stack travel with the fitted efficiencies
+            # (element-wise traffic in HBM passes, attention over GEMM efficiency)
+            **{k: cal.provenance[k] for k in SAVED_KEYS if k in (cal.provenance or {})},
         },
         notes=(*cal.notes, f"transferred from {cal.system} to hardware spec '{target.name}'"),
     )
