@@ -38,8 +38,8 @@ from calib.analytic.machine import default_calibration
 from calib.analytic.specs import ModelSpec, load_hardware, load_model, model_names
 from calib.analytic.strategy import Strategies
 from calib.analytic.timemodel import System, evaluate
-from calib.core.errors import InputError
 
+from calib.core.errors import InputError
 from tests.conftest import bad
 
 DS = load_model("deepseek-v3")
