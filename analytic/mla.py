@@ -29,9 +29,10 @@ embedding and output head are shared with the main model.  Per depth: block 11.5
 projection 0.103 B = 11.61 B new weights (the checkpoint's "14B" also stores copies of the
 embedding and head).  In training each depth runs its block, the projection, the shared head
 and a cross-entropy once more per token.  Placement (a stated assumption): the MTP module sits
-on the LAST pipeline stage with the LM head (DeepSeek-V3 sec. 3.2.1 places the output head and
-the MTP module on one stage but does not say which; the time model's head is on the last
-stage, analytic.uneven).  So
+on the LAST pipeline stage with the LM head (DeepSeek-V3 sec. 3.2.3 puts the output head, which
+the MTP module shares, on the DualPipe rank that also holds the shallowest layers; how layers
+are balanced around it is not published; the time model's head is on the last stage and the
+extra layers of an uneven split on the first ones, analytic.uneven).  So
 
 * time: each micro-batch's last stage runs, per depth, one more average layer (its compute and
   exposed TP / EP communication) and the head once more plus the projection (at the head's
