@@ -30,7 +30,12 @@ import numpy as np
 import yaml
 from calib.analytic import formulas as F
 from calib.analytic.specs import DATA_DIR, HardwareSpec
-from calib.analytic.timemodel import ADAM_STEP_BYTES_PER_PARAM, shape_terms, stage_params
+from calib.analytic.timemodel import (
+    ADAM_STEP_BYTES_PER_PARAM,
+    attention_proj_params,
+    shape_terms,
+    stage_params,
+)
 
 from calib.core.errors import InputError
 
@@ -228,7 +233,8 @@ def work_of(model, system, st, r: dict) -> Work:
     ffn, kv, mats, tied = shape_terms(model)
     from calib.analytic.tp2d import weight_split
 
-    params = stage_params(d, L, s, V, weight_split(t, st.tp_c, st.tp2d_kind), p, ffn, kv, mats, tied)
+    aw = attention_proj_params(model)  # attention projection weights per layer (MLA: low rank)
+    params = stage_params(d, L, s, V, weight_split(t, st.tp_c, st.tp2d_kind), p, ffn, kv, mats, tied, aw)
     opt_params = params / np.where(st.zero >= 1, dp, 1.0)
     s_loc = s / np.asarray(st.cp, dtype=float)  # a GPU's tokens under context parallelism
     vec = F.vector_traffic_bytes_layer(b, s_loc, d, a, t, st.seq_parallel, st.recompute, st.flash_attention,

@@ -85,37 +85,46 @@ def params_total(
     return p
 
 
+def attention_matrix_params(d: ArrayLike, kv_frac: ArrayLike = 1.0) -> np.ndarray:
+    """Weights of one layer's attention projections with full-rank heads of d / a:
+    Q and O d^2 each, K and V d^2 kv/a each, (2 + 2 kv/a) d^2."""
+    d = np.asarray(d, dtype=float)
+    return (2.0 + 2.0 * np.asarray(kv_frac, dtype=float)) * d * d
+
+
 def layer_matrix_params(d: ArrayLike, ffn: ArrayLike | None = None, kv_frac: ArrayLike = 1.0,
-                        mlp_mats: ArrayLike = 2.0) -> np.ndarray:  # fmt: skip
+                        mlp_mats: ArrayLike = 2.0, attn: ArrayLike | None = None) -> np.ndarray:  # fmt: skip
     """Weights of one layer's matrices: attention (2 + 2 kv/a) d^2, MLP mlp_mats d ffn.
 
     GPT (ffn = 4d, kv = a, two MLP matrices): 12 d^2.  Llama: SwiGLU's three matrices,
-    grouped-query attention with kv/a of the key/value heads.
+    grouped-query attention with kv/a of the key/value heads.  ``attn``: the attention
+    projections' weights where they are not (2 + 2 kv/a) d^2 (multi-head latent attention,
+    analytic.mla.attention_proj_params); None = :func:`attention_matrix_params`.
     """
     d = np.asarray(d, dtype=float)
     ffn = 4.0 * d if ffn is None else np.asarray(ffn, dtype=float)
-    return (2.0 + 2.0 * np.asarray(kv_frac, dtype=float)) * d * d + np.asarray(
-        mlp_mats, dtype=float
-    ) * d * ffn
+    attn = attention_matrix_params(d, kv_frac) if attn is None else np.asarray(attn, dtype=float)
+    return attn + np.asarray(mlp_mats, dtype=float) * d * ffn
 
 
 # ---- FLOPs ---------------------------------------------------------------------------
 def forward_flops_layer(b: ArrayLike, s: ArrayLike, d: ArrayLike, ffn: ArrayLike | None = None,
-                        kv_frac: ArrayLike = 1.0, mlp_mats: ArrayLike = 2.0) -> np.ndarray:  # fmt: skip
+                        kv_frac: ArrayLike = 1.0, mlp_mats: ArrayLike = 2.0, attn=None) -> np.ndarray:  # fmt: skip
     """Forward FLOPs of one layer for b sequences: 2 b s (matrix params) + 4 b s^2 d.
 
     GPT shape: 24 b s d^2 + 4 b s^2 d.
     """
     b, s, d = (np.asarray(x, dtype=float) for x in (b, s, d))
-    return b * s * (2.0 * layer_matrix_params(d, ffn, kv_frac, mlp_mats) + 4.0 * s * d)
+    return b * s * (2.0 * layer_matrix_params(d, ffn, kv_frac, mlp_mats, attn) + 4.0 * s * d)
 
 
 def training_flops_layers(
     b: ArrayLike, s: ArrayLike, d: ArrayLike, L: ArrayLike, recompute: ArrayLike = NONE,
-    ffn: ArrayLike | None = None, kv_frac: ArrayLike = 1.0, mlp_mats: ArrayLike = 2.0,
+    ffn: ArrayLike | None = None, kv_frac: ArrayLike = 1.0, mlp_mats: ArrayLike = 2.0, attn=None,
 ) -> np.ndarray:  # fmt: skip
-    """Training FLOPs of the layers: 3 x forward (GPT: b (72 s d^2 + 12 s^2 d) l), plus recompute."""
-    fwd = forward_flops_layer(b, s, d, ffn, kv_frac, mlp_mats)
+    """Training FLOPs of the layers: 3 x forward (GPT: b (72 s d^2 + 12 s^2 d) l), plus recompute.
+    ``attn``: attention projection weights per layer (:func:`layer_matrix_params`)."""
+    fwd = forward_flops_layer(b, s, d, ffn, kv_frac, mlp_mats, attn)
     rc = np.asarray(recompute)
     b, s, d = (np.asarray(x, dtype=float) for x in (b, s, d))
     extra = np.where(rc == FULL, fwd, np.where(rc == SELECTIVE, 4.0 * b * s * s * d, 0.0))

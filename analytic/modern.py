@@ -416,9 +416,12 @@ def stack_notes(model, plan, system=None) -> list[str]:
             "streaming bandwidth; attention and LM head bf16 (no FP8 trace measured it)"
         )
     if MOE.is_moe(model):
-        tot, act = MOE.total_and_active_params(model)
-        out.append(f"MoE: {tot / 1e9:.1f} B parameters, {act / 1e9:.1f} B active per token; the busiest EP "
-                   "rank's statistical load counted, a learned router's skew not modelled")  # fmt: skip
+        from calib.analytic.mla import params_note
+
+        note = params_note(model, *MOE.total_and_active_params(model))  # MTP module apart (analytic.mla)
+        out.append(
+            f"{note}; the busiest EP rank's statistical load counted, a learned router's skew not modelled"
+        )
     if plan.tp_overlap:
         out.append(
             f"TP communication overlap: fraction {OV.TP_OVERLAP} of it hides under the layer (stated default)"

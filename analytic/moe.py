@@ -73,24 +73,30 @@ def expert_params(d: ArrayLike, f_e: ArrayLike, mats: ArrayLike) -> np.ndarray:
 
 def params_split(model, d, t, p, ep, mats) -> tuple[np.ndarray, np.ndarray]:
     """(replicated MoE weights per GPU: shared experts + router over TP,
-    expert weights per GPU: the stage's E / ep routed experts) of one pipeline stage."""
+    expert weights per GPU: the stage's E / ep routed experts) of one pipeline stage, plus
+    a multi-token-prediction module's (analytic.mla.mtp_stage_params; zero without one)."""
+    from calib.analytic.mla import mtp_stage_params
+
     m = terms(model)
+    mtp_sh, mtp_r = mtp_stage_params(model, d, t, ep, mats)  # on the charged stage (analytic.mla)
     if m["E"] == 0:
         z = np.zeros(np.broadcast_shapes(np.shape(t), np.shape(p), np.shape(ep)))
-        return z, z
+        return z + mtp_sh, z + mtp_r
     one = expert_params(d, m["f_e"], mats)
     lps = np.ceil(m["L_moe"] / np.asarray(p, dtype=float))  # the largest stage (analytic.uneven)
     shared = lps * (m["n_sh"] * one + np.asarray(d, dtype=float) * m["E"]) / np.asarray(t, dtype=float)
     routed = lps * (m["E"] / np.asarray(ep, dtype=float)) * one
-    return shared, routed
+    return shared + mtp_sh, routed + mtp_r
 
 
 def total_and_active_params(model) -> tuple[float, float]:
-    """(total, active) parameters of the whole model (embeddings and LM head included)."""
-    d, L, a = float(model.d_model), float(model.n_layers), float(model.n_heads)
+    """(total, active) parameters of the main model (embeddings and LM head included; a
+    multi-token-prediction module apart: analytic.mla.mtp_params)."""
+    from calib.analytic.mla import attention_proj_params
+
+    d, L = float(model.d_model), float(model.n_layers)
     mats = 3.0 if model.mlp == "swiglu" else 2.0
-    kv = float(model.kv_head_count) / a
-    attn = (2.0 + 2.0 * kv) * d * d
+    attn = float(attention_proj_params(model))  # (2 + 2 kv/a) d^2, or MLA's projections
     emb = float(model.vocab) * d * (1.0 if model.tied_embeddings else 2.0)
     m = terms(model)
     L_dense = L - m["L_moe"]

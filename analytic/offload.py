@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from calib.analytic import formulas as F
-from calib.analytic.timemodel import shape_terms
+from calib.analytic.timemodel import attention_proj_params, shape_terms
 
 RESIDENT_LAYERS = 2.0
 OPT_STREAM_BYTES_PER_PARAM = 14.0  # Adam states (12) + gradients in / weights out (2), each way
@@ -69,11 +69,12 @@ def offload_terms(model, st, r: dict, off: Offload, hw, trailing: bool = False) 
         return np.asarray(x, dtype=float)[..., None] if trailing else np.asarray(x, dtype=float)
 
     ffn, kv, mats, _ = shape_terms(model)
-    layer_w = ex(F.BYTES_PER_VALUE * F.layer_matrix_params(d, ffn, kv, mats) / t)
+    aw = attention_proj_params(model)  # attention projection weights per layer (MLA: low rank)
+    layer_w = ex(F.BYTES_PER_VALUE * F.layer_matrix_params(d, ffn, kv, mats, aw) / t)
     layer_a = ex(F.activation_bytes_layer(b, s, d, a, t, st.seq_parallel, st.recompute, st.flash_attention,
                                           ffn / d, kv, mats, model.shape_extras.get("dropout", True)))  # fmt: skip
-    f_fwd = F.forward_flops_layer(b, s, d, ffn, kv, mats)
-    f_all = F.training_flops_layers(b, s, d, 1.0, st.recompute, ffn, kv, mats)
+    f_fwd = F.forward_flops_layer(b, s, d, ffn, kv, mats, aw)
+    f_all = F.training_flops_layers(b, s, d, 1.0, st.recompute, ffn, kv, mats, aw)
     t_layer = ex(r["compute_s"] / (m * lps))
     t_f, t_b = t_layer * ex(f_fwd / f_all), t_layer * ex(1.0 - f_fwd / f_all)
     wo, ao, oo = off.weight_offload, off.activation_offload, off.optimizer_offload

@@ -131,14 +131,26 @@ def layout_terms(model, system, lay: dict, B: int, domain: int, tp2d_kind=0) -> 
     TP + CP + PP seconds under that placement minus under the time model's (TP innermost on nodes
     of the hardware spec), ``dd`` the same for the DP all-reduce, ``tot`` the placed total; and
     ``dp_base`` (n,) the base DP seconds, to scale ``dd`` by the share the time model exposes."""
-    from calib.analytic.timemodel import shape_terms, stage_params
+    from calib.analytic.timemodel import attention_proj_params, shape_terms, stage_params
     from calib.analytic.tp2d import weight_split
 
     hw = system.hw
     ffn, kv, mats, tied = shape_terms(model)
     t, p = lay["tp"], lay["pp"]
     tw = weight_split(t, lay.get("tp_c", 1), tp2d_kind)
-    P = stage_params(model.d_model, model.n_layers, model.seq_len, model.vocab, tw, p, ffn, kv, mats, tied)
+    P = stage_params(
+        model.d_model,
+        model.n_layers,
+        model.seq_len,
+        model.vocab,
+        tw,
+        p,
+        ffn,
+        kv,
+        mats,
+        tied,
+        attention_proj_params(model),
+    )
     m = B // (lay["dp"] * lay["micro_batch"])
     sizes = {k: np.asarray(lay.get(k, 1)) for k in GRID_DIMS}
     args = (hw, lay["micro_batch"], m, P)

@@ -8,16 +8,28 @@ from calib.analytic import formulas as F
 from calib.analytic import uneven as U
 
 
-def stage_params(d, L, s, V, t, p, ffn=None, kv_frac=1.0, mlp_mats=2.0, tied=True) -> np.ndarray:
+def stage_params(d, L, s, V, t, p, ffn=None, kv_frac=1.0, mlp_mats=2.0, tied=True, attn=None) -> np.ndarray:
     """Parameters one GPU holds: its stage's layers plus the embedding (and an untied LM
-    head on a single stage), over TP."""
+    head on a single stage), over TP.  ``attn``: attention projection weights per layer
+    (:func:`attention_proj_params`; None: (2 + 2 kv/a) d^2)."""
     emb = V * d * np.where(np.asarray(tied, dtype=bool) | (np.asarray(p) > 1), 1.0, 2.0)
     n_max = U.stage_layers(L, p)[0]  # the largest stage when p does not divide L (analytic.uneven)
-    return (n_max * (F.layer_matrix_params(d, ffn, kv_frac, mlp_mats) + 13.0 * d) + emb + s * d) / t
+    return (n_max * (F.layer_matrix_params(d, ffn, kv_frac, mlp_mats, attn) + 13.0 * d) + emb + s * d) / t
+
+
+def attention_proj_params(model) -> np.ndarray:
+    """Attention projection weights per layer before TP, the one count every parameter, FLOP
+    and weight-byte site uses: (2 + 2 kv/a) d^2, or multi-head latent attention's low-rank
+    projections where the model sets them (analytic.mla)."""
+    from calib.analytic.mla import attention_proj_params as proj
+
+    return proj(model)
 
 
 def shape_terms(model) -> tuple[np.ndarray, np.ndarray, float, bool]:
-    """(ffn, kv / a, MLP matrices, tied) of a model spec or per-row columns."""
+    """(ffn, kv / a, MLP matrices, tied) of a model spec or per-row columns.  ``kv / a`` stays
+    the full-head K/V share (context-parallel K/V bytes, kept activations, FP8 casts) also for
+    multi-head latent attention; weights and FLOPs take :func:`attention_proj_params`."""
     ex = model.shape_extras
     kv_frac = np.asarray(ex["kv"], dtype=float) / np.asarray(model.n_heads, dtype=float)
     return (

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+from calib.analytic.mla import check as check_mla
 
 from calib.core.errors import InputError
 
@@ -71,6 +72,12 @@ class ModelSpec:
     #: latent attention: 128 + 64 and 128); they set the attention core's FLOPs
     qk_head_dim: int | None = None
     v_head_dim: int | None = None
+    #: multi-head latent attention (analytic.mla): query and key/value compression ranks (None or
+    #: 0: full rank), the decoupled RoPE key width; multi-token prediction depths (default 0: none)
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         who = self.name or "model"
@@ -96,6 +103,7 @@ class ModelSpec:
         if not isinstance(self.tied_embeddings, bool):
             raise InputError(who, f"tied_embeddings must be true or false, got {self.tied_embeddings!r}")
         _check_moe(self, who)
+        check_mla(self, who, MAX_COUNT)
 
     @property
     def ffn_size(self) -> int:

@@ -27,6 +27,7 @@ import numpy as np
 from calib.analytic import device_path as DP
 from calib.analytic import dp_exposure as DX
 from calib.analytic import formulas as F
+from calib.analytic import mla as MLA
 from calib.analytic import modern as X
 from calib.analytic import sharded_pp as SPP
 from calib.analytic import tp2d as T2
@@ -35,7 +36,7 @@ from calib.analytic import zero_overlap as ZO
 from calib.analytic.bubble import pipeline_time_s
 from calib.analytic.comm import group_time_s, members_per_node
 from calib.analytic.memory import BYTES_GRAD, activations_bytes, logits_bytes, memory_per_gpu
-from calib.analytic.shape_terms import attention_dims_factor, shape_terms, stage_params  # noqa: F401 (re-exported)
+from calib.analytic.shape_terms import attention_dims_factor, attention_proj_params, shape_terms, stage_params  # noqa: F401 (re-exported)
 from calib.analytic.specs import HardwareSpec, ModelColumns, ModelSpec, hardware_for_device
 from calib.analytic.strategy import Strategies
 from calib.calibrate import device_step as D
@@ -171,7 +172,8 @@ def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) 
     k_pp = members_per_node(2, t * st.cp * dp, gpn)
     shared, routed = X.moe_params(model, d, t, p, st.ep, mats)
     t_w = T2.weight_split(t, st.tp_c, st.tp2d_kind)  # 2D table: weights over tp_r only
-    grad_bytes = BYTES_GRAD * (stage_params(d, L, s, V, t_w, p, ffn_c, kv_frac, mats, tied) + shared)
+    attn_w = attention_proj_params(model)  # attention projection weights per layer (MLA: low rank)
+    grad_bytes = BYTES_GRAD * (stage_params(d, L, s, V, t_w, p, ffn_c, kv_frac, mats, tied, attn_w) + shared)
     exp_bytes = BYTES_GRAD * routed
 
     def dp_t(coll, per=1.0):
@@ -250,8 +252,9 @@ def evaluate(
     # (s_loc: the s / CP tokens of a GPU; ffn_c: dense MLP width averaged over MoE layers)
     ffn, kv_frac, mats, tied = shape_terms(model)
     s_loc, ffn_c, flash = X.local_shape(model, st, s, ffn)
-    f_fwd = F.forward_flops_layer(b, s_loc, d, ffn_c, kv_frac, mats) / t
-    f_train = F.training_flops_layers(b, s_loc, d, 1.0, rc, ffn_c, kv_frac, mats) / t
+    attn_w = attention_proj_params(model)  # attention projection weights per layer (MLA: low rank)
+    f_fwd = F.forward_flops_layer(b, s_loc, d, ffn_c, kv_frac, mats, attn_w) / t
+    f_train = F.training_flops_layers(b, s_loc, d, 1.0, rc, ffn_c, kv_frac, mats, attn_w) / t
     f_head = F.lm_head_flops(b, s_loc, d, V) / t
     # the attention core: 4 b s^2 d / t in the formulas, x the model's head widths (MLA)
     attn_fwd = X.attn_fwd_flops(b, s_loc, d, t)
@@ -316,6 +319,10 @@ def evaluate(
     )
     xl_total, xl_exposed = X.layer_comm(model, st, c, rc, layer_compute, attn_core_s)
 
+    layers = (layer_tr, layer_kernel, layer_compute + tp_layer + xl_exposed)  # MTP: on the last stage
+    head_tr, head_kernel, head_compute = MLA.with_mtp(
+        model, d, V, (head_tr, head_kernel, head_compute), layers
+    )
     stage_mb = lps * (layer_compute + tp_layer + xl_exposed) + pp_mb
     head_mb = U.head_excess_s(
         head_compute, layer_compute + tp_layer + xl_exposed, lps, lps_last
@@ -328,7 +335,9 @@ def evaluate(
     # ---- data parallel / ZeRO over the stage's parameter shard -------------------------
     shared_p, expert_p = X.moe_params(model, d, t, p, st.ep, mats)
     dense_p = (
-        stage_params(d, L, s, V, T2.weight_split(t, st.tp_c, st.tp2d_kind), p, ffn_c, kv_frac, mats, tied)
+        stage_params(
+            d, L, s, V, T2.weight_split(t, st.tp_c, st.tp2d_kind), p, ffn_c, kv_frac, mats, tied, attn_w
+        )
         + shared_p
     )
     params_gpu = dense_p + expert_p
@@ -366,6 +375,8 @@ def evaluate(
         drop = bool(model.shape_extras.get("dropout", True))  # dropout masks kept (formulas)
         acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, False, (ffn_c / d, kv_frac, mats, drop))  # fmt: skip
         lg = logits_bytes(b, s_loc, V, t, p)
+        one = F.activation_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, ffn_c / d, kv_frac, mats, drop)
+        acts = acts + MLA.mtp_activation_bytes(model, p, one, lg)  # one stage only (analytic.mla)
         if st.is_modern or X.MOE.is_moe(model):
             mem = X.memory(model, sm, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc,
                            hw.runtime_reserve_gb * 1e9, lg)  # fmt: skip
@@ -398,13 +409,7 @@ def evaluate(
 
     # ---- throughput --------------------------------------------------------------------
     gpus = t * st.cp * p * dp
-    moe_fl = X.moe_model_flops(model, B, s)
-    model_fl = moe_fl + B * (
-        F.training_flops_layers(1.0, s, d, L, F.NONE, ffn_c, kv_frac, mats) + F.lm_head_flops(1.0, s, d, V)
-    )
-    hw_fl = moe_fl * np.where(full, 4.0 / 3.0, 1.0) + B * (
-        F.training_flops_layers(1.0, s, d, L, rc, ffn_c, kv_frac, mats) + F.lm_head_flops(1.0, s, d, V)
-    )
+    model_fl, hw_fl = MLA.iteration_flops(model, B, rc, ffn_c, attn_w)  # MoE experts and MTP included
 
     return {
         "iter_s": iter_s,

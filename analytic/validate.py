@@ -217,21 +217,15 @@ class Table:
 def _flops(model, sub: pd.DataFrame, B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(model FLOPs, hardware FLOPs with recompute) per iteration of each row, from its shape:
     3 x forward (2 x matrix parameters + 4 s d per layer, Narayanan et al. eq. 3's attention
-    convention, no causal halving) + the LM head 6 s d V; MoE experts counted active."""
+    convention, no causal halving) + the LM head 6 s d V; MoE experts counted active, a
+    multi-token-prediction module included (analytic.mla.iteration_flops)."""
     from calib.analytic import modern as X
+    from calib.analytic.mla import attention_proj_params, iteration_flops
     from calib.analytic.timemodel import shape_terms
 
-    d, L, s, V = (
-        np.asarray(getattr(model, c), dtype=float) for c in ("d_model", "n_layers", "seq_len", "vocab")
-    )
-    ffn, kv_frac, mats, _ = shape_terms(model)
-    ffn = X.MOE.dense_ffn_avg(model, ffn)
+    ffn = X.MOE.dense_ffn_avg(model, shape_terms(model)[0])
     rc = sub["recompute"].map(F.RECOMPUTE_NAMES.index).to_numpy()
-    moe = X.moe_model_flops(model, B, s)
-    head = F.lm_head_flops(1.0, s, d, V)
-    full = np.where(rc == F.FULL, 4.0 / 3.0, 1.0)
-    model_fl = moe + B * (F.training_flops_layers(1.0, s, d, L, F.NONE, ffn, kv_frac, mats) + head)
-    hw_fl = moe * full + B * (F.training_flops_layers(1.0, s, d, L, rc, ffn, kv_frac, mats) + head)
+    model_fl, hw_fl = iteration_flops(model, B, rc, ffn, attention_proj_params(model))
     return np.broadcast_to(model_fl, B.shape), np.broadcast_to(hw_fl, B.shape)
 
 

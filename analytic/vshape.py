@@ -17,6 +17,10 @@ dropout                  true/false: the model trains with dropout, whose masks 
                          activations (true; Llama/Mixtral/DeepSeek presets: false)
 qk_head_dim, v_head_dim  per-head query/key and value widths where not d / a (multi-head
                          latent attention); they set the attention core's FLOPs (d / a)
+q_lora_rank,             multi-head latent attention (analytic.mla): query and key/value
+kv_lora_rank,            compression ranks and the decoupled RoPE key width; they set the
+qk_rope_head_dim         attention projections' weights (blank or 0: none, (2 + 2 kv/a) d^2)
+mtp_layers               multi-token-prediction depths on the last stage (0)
 n_experts, top_k,        mixture of experts (analytic.moe): routed experts (0 = dense),
 expert_ffn,              experts per token, expert MLP width (ffn), shared experts,
 shared_experts,          leading dense layers, capacity factor (blank = dropless)
@@ -48,9 +52,10 @@ from calib.analytic.specs import MLP_KINDS, ModelColumns, ModelSpec, load_model
 from calib.core.errors import InputError
 
 SHAPE_INTS = ("ffn", "kv_heads", "n_experts", "top_k", "expert_ffn", "shared_experts", "dense_layers")
+MLA_COLS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "mtp_layers")
 MOE_FIELDS = ("n_experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor")
 PRESET_FIELDS = ("d_model", "n_layers", "n_heads", "seq_len", "vocab", "ffn", "kv_heads", "mlp",
-                 "tied_embeddings", "dropout", "qk_head_dim", "v_head_dim") + MOE_FIELDS  # fmt: skip
+                 "tied_embeddings", "dropout", "qk_head_dim", "v_head_dim", *MLA_COLS) + MOE_FIELDS  # fmt: skip
 #: text columns -> (allowed values, default)
 CHOICES = {
     "mlp": (MLP_KINDS, "gelu"),
@@ -125,7 +130,14 @@ def normalise_stack(out: pd.DataFrame, where: str, ints, bools) -> pd.DataFrame:
         out["shard_group"] = 0
     out["shard_group"] = out["shard_group"].where(~_blank(out["shard_group"]), 0)
     out["shard_group"] = ints(out, "shard_group", where)
-    for col in ("ffn", "kv_heads", "expert_ffn", "qk_head_dim", "v_head_dim"):  # blank = ModelSpec's default
+    for col in (
+        "ffn",
+        "kv_heads",
+        "expert_ffn",
+        "qk_head_dim",
+        "v_head_dim",
+        *MLA_COLS,
+    ):  # blank = the default
         if col not in out.columns:
             out[col] = 0
         out[col] = out[col].where(~_blank(out[col]), 0)
@@ -160,12 +172,13 @@ def spec_of(r: pd.Series) -> ModelSpec:
         **{f: int(r[f]) for f in ("n_experts", "top_k", "shared_experts", "dense_layers")},
         expert_ffn=int(r["expert_ffn"]) or None, capacity_factor=None if pd.isna(cf) else float(cf),
         qk_head_dim=int(r["qk_head_dim"]) or None, v_head_dim=int(r["v_head_dim"]) or None,
+        **{f: int(r[f]) or None for f in MLA_COLS[:3]}, mtp_layers=int(r["mtp_layers"]),
     )  # fmt: skip
 
 
 def _shape_key(df: pd.DataFrame) -> pd.Series:
     cols = ["d_model", "n_layers", "n_heads", "seq_len", "vocab", "ffn", "kv_heads", "mlp", "tied_embeddings",
-            "dropout", "qk_head_dim", "v_head_dim", *MOE_FIELDS]  # fmt: skip
+            "dropout", "qk_head_dim", "v_head_dim", *MLA_COLS, *MOE_FIELDS]  # fmt: skip
     return df[cols].apply(lambda c: c.map(str)).agg("|".join, axis=1)
 
 
@@ -181,9 +194,9 @@ def _check_shapes(df: pd.DataFrame, where: str) -> None:
 
 def row_models(df: pd.DataFrame) -> list[tuple[np.ndarray, ModelColumns | ModelSpec]]:
     """(row indices, model) groups for the vectorised time model: dense rows of one MLP kind,
-    embedding tying and dropout share one ModelColumns; a MoE shape is one ModelSpec."""
+    embedding tying and dropout share one ModelColumns; a MoE, MLA or MTP shape is one ModelSpec."""
     out = []
-    moe = (df["n_experts"] > 0).to_numpy()
+    moe = ((df["n_experts"] > 0) | (df[list(MLA_COLS)] != 0).any(axis=1)).to_numpy()
     dense = df.loc[~moe]
     for (mlp, tied, drop), sub in dense.groupby(["mlp", "tied_embeddings", "dropout"], sort=False):
         idx = sub.index.to_numpy()

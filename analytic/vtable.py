@@ -36,7 +36,8 @@ source                 no        where the numbers come from
 =====================  ========  ===========================================================
 
 Model-shape and stack columns (all optional: ``model`` preset, ffn, kv_heads, mlp,
-tied_embeddings, the MoE shape, cp, cp_kind, ep, precision, master_weights, schedule,
+tied_embeddings, the MoE shape, the multi-head latent attention and multi-token prediction
+columns q_lora_rank, kv_lora_rank, qk_rope_head_dim, mtp_layers, cp, cp_kind, ep, precision, master_weights, schedule,
 distributed_optimizer, tp_comm_overlap) are described in :mod:`analytic.vshape`; with a
 ``model`` preset the shape columns above may be left out.  ``dp`` is checked against
 gpus / (tp x cp x pp).

@@ -55,6 +55,33 @@ def moe_model_options(f):
                 type=Number(1.0),
                 help="Expert capacity factor (token dropping; default dropless).",
             ),
+            click.option(
+                "--q-lora-rank",
+                "q_lora_rank",
+                type=Int(0),
+                help="Multi-head latent attention: query compression rank (0 = full-rank queries, the "
+                "default; deepseek-v3: 1536).",
+            ),
+            click.option(
+                "--kv-lora-rank",
+                "kv_lora_rank",
+                type=Int(0),
+                help="Multi-head latent attention: key/value compression rank (0 = none, the default; "
+                "deepseek-v3: 512).",
+            ),
+            click.option(
+                "--qk-rope-dim",
+                "qk_rope_head_dim",
+                type=Int(0),
+                help="Width of MLA's decoupled RoPE key per head (needs --kv-lora-rank; deepseek-v3: 64).",
+            ),
+            click.option(
+                "--mtp-layers",
+                "mtp_layers",
+                type=Int(0),
+                help="Multi-token-prediction depths: each adds one block, a 2d x d projection and the shared "
+                "LM head once more on the last pipeline stage (default 0; deepseek-v3: 1).",
+            ),
         ]
     ):
         f = opt(f)
@@ -62,8 +89,8 @@ def moe_model_options(f):
 
 
 def apply_moe(model, n_experts=None, top_k=None, expert_ffn=None, shared_experts=None, dense_layers=None,
-              capacity_factor=None):  # fmt: skip
-    """The model with the given MoE overrides (ModelSpec validates the combination)."""
+              capacity_factor=None, **mla):  # fmt: skip
+    """The model with the given MoE, MLA and MTP overrides (ModelSpec validates the combination)."""
     over = {
         k: v
         for k, v in (
@@ -73,6 +100,7 @@ def apply_moe(model, n_experts=None, top_k=None, expert_ffn=None, shared_experts
             ("shared_experts", shared_experts),
             ("dense_layers", dense_layers),
             ("capacity_factor", capacity_factor),
+            *mla.items(),
         )  # fmt: skip
         if v is not None
     }
@@ -93,7 +121,8 @@ def apply_moe(model, n_experts=None, top_k=None, expert_ffn=None, shared_experts
 
 MOE_FLAGS = {"n_experts": "--experts", "top_k": "--top-k", "expert_ffn": "--expert-ffn",
              "shared_experts": "--shared-experts", "dense_layers": "--dense-layers",
-             "capacity_factor": "--capacity-factor"}  # fmt: skip
+             "capacity_factor": "--capacity-factor", "q_lora_rank": "--q-lora-rank",
+             "kv_lora_rank": "--kv-lora-rank", "qk_rope_head_dim": "--qk-rope-dim", "mtp_layers": "--mtp-layers"}  # fmt: skip
 
 
 #: matmul data types with an energy per FLOP (analytic.energy.DTYPES)
@@ -212,7 +241,8 @@ def parse_schedules(text: str) -> tuple[int, ...]:
     return tuple(sorted({schedule_code(x) for x in text.split(",") if x.strip()}))
 
 
-MOE_KEYS = ("n_experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor")
+MOE_KEYS = ("n_experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor",
+            "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "mtp_layers")  # fmt: skip
 
 
 def pop_moe(kw: dict) -> dict:

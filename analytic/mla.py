@@ -1,0 +1,223 @@
+"""Multi-head latent attention (MLA) projections and the multi-token prediction (MTP) module.
+
+**MLA** (DeepSeek-V2/V3; DeepSeek-V3 report arXiv:2412.19437 sec. 2.1.1; weights as in the
+Hugging Face checkpoint's modeling_deepseek.py).  Queries and keys/values pass through
+low-rank bottlenecks; the keys carry a decoupled RoPE part of width r shared by the heads:
+
+    q_a_proj  d x q_rank            q_b_proj   q_rank x a h_qk           (full rank: d x a h_qk)
+    kv_a_proj d x (kv_rank + r)     kv_b_proj  kv_rank x a (h_qk - r + h_v)
+    o_proj    a h_v x d
+
+with h_qk = qk_head_dim (d / a when unset) and h_v = v_head_dim.  DeepSeek-V3 (config.json:
+d 7168, a 128, q_lora_rank 1536, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128,
+v_head_dim 128): 11,010,048 + 37,748,736 + 4,128,768 + 16,777,216 + 117,440,512 =
+187,105,280 weights per layer, where (2 + 2 kv/a) d^2 counts 205,520,896.  The two latent
+norms (q_a_layernorm, kv_a_layernorm) are vectors, left out as every norm is here.
+A model with none of q_lora_rank, kv_lora_rank, qk_rope_head_dim set keeps (2 + 2 kv/a) d^2
+through the same function as before (formulas.attention_matrix_params), whatever its head
+widths: qk_head_dim / v_head_dim alone set only the attention core's FLOPs
+(shape_terms.attention_dims_factor).  Every projection is taken as split over TP (Megatron-Core
+replicates the two down-projections; immaterial at TP 1, as DeepSeek-V3 trains).
+
+``kv / a`` (shape_terms) keeps its other meanings: K/V bytes exchanged by context
+parallelism, K/V activations kept for backward and the FP8 casts of the attention's outputs
+are still those of a/kv full heads of d / a -- MLA's activations are not modelled apart.
+
+**MTP** (report sec. 2.2): each of ``mtp_layers`` depths adds one Transformer block of the
+last layer's kind (MLA + MoE for DeepSeek-V3), a projection M of 2d x d and two RMSNorms; the
+embedding and output head are shared with the main model.  Per depth: block 11.507 B +
+projection 0.103 B = 11.61 B new weights (the checkpoint's "14B" also stores copies of the
+embedding and head).  In training each depth runs its block, the projection, the shared head
+and a cross-entropy once more per token.  Placement (a stated assumption): the MTP module sits
+on the LAST pipeline stage with the LM head (DeepSeek-V3 sec. 3.2.3 puts the output head, which
+the MTP module shares, on the DualPipe rank that also holds the shallowest layers; how layers
+are balanced around it is not published; the time model's head is on the last stage and the
+extra layers of an uneven split on the first ones, analytic.uneven).  So
+
+* time: each micro-batch's last stage runs, per depth, one more average layer (its compute and
+  exposed TP / EP communication) and the head once more plus the projection (at the head's
+  efficiency, 2d / V of its FLOPs); only the excess over the stage's lighter share of layers
+  is on the critical path (uneven.head_excess_s);
+* weights, gradients, optimizer states: charged to the stage the memory model charges (its
+  largest), the conservative bound, as the embedding is (shape_terms.stage_params);
+* activations: with one stage they add one layer's and one head's logits per depth; with PP
+  the last stage holds one micro-batch in flight and never sets the peak (memory.py's first
+  stage holds min(p, m)), so nothing is added;
+* FLOPs: model and hardware FLOPs (reported TFLOP/s, MFU) count the MTP work too (3 x forward
+  of block + projection + head, recompute on block and projection as on the layers): it is
+  matmul work every training step runs.  DeepSeek publishes no MFU or its FLOP convention.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from calib.analytic import formulas as F
+
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim")
+
+
+def check(model, who: str, max_count: int = 2**53) -> None:
+    """One-line InputError for a bad MLA / MTP field of a ModelSpec."""
+    from calib.core.errors import InputError
+
+    def is_int(v, lo):
+        return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= max_count
+
+    for f in MLA_FIELDS:
+        v = getattr(model, f)
+        if v is not None and not is_int(v, 0):
+            raise InputError(who, f"{f} must be a non-negative integer (0 or absent: none), got {v!r:.40}")
+    if not is_int(model.mtp_layers, 0):
+        raise InputError(who, f"mtp_layers must be a non-negative integer, got {model.mtp_layers!r:.40}")
+    rope = model.qk_rope_head_dim or 0
+    if rope and not model.kv_lora_rank:
+        raise InputError(who, f"qk_rope_head_dim {rope} needs kv_lora_rank (the decoupled RoPE key of MLA)")
+    h_qk = model.qk_head_dim or model.d_model / model.n_heads
+    if rope >= h_qk:
+        raise InputError(who, f"qk_rope_head_dim {rope} must be below the query/key head width {h_qk:g}")
+
+
+def uses_mla(model) -> bool:
+    return any(getattr(model, f, None) for f in MLA_FIELDS)
+
+
+def attention_proj_params(model) -> np.ndarray:
+    """Weights of one layer's attention projections, before TP (module docstring): MLA's
+    low-rank projections where any MLA field is set, else (2 + 2 kv/a) d^2 exactly."""
+    ex = model.shape_extras
+    d = np.asarray(model.d_model, dtype=float)
+    a = np.asarray(model.n_heads, dtype=float)
+    kv = np.asarray(ex["kv"], dtype=float)
+    if not uses_mla(model):
+        return F.attention_matrix_params(d, kv / a)
+    h_qk = float(ex.get("qk_head_dim") or 0) or d / a
+    h_v = float(ex.get("v_head_dim") or 0) or d / a
+    q_r, kv_r, rope = (float(getattr(model, f) or 0) for f in MLA_FIELDS)
+    q = np.where(q_r > 0, d * q_r + q_r * a * h_qk, d * a * h_qk)
+    k_v = np.where(kv_r > 0, d * (kv_r + rope) + kv_r * a * (h_qk - rope + h_v), d * kv * (h_qk + h_v))
+    return q + k_v + a * h_v * d
+
+
+def depths(model) -> int:
+    return int(getattr(model, "mtp_layers", 0) or 0)
+
+
+def _mlp(model, mats: float) -> tuple[float, float, float]:
+    """(total, active, of them routed per expert) MLP weights of one block of the last layer's kind."""
+    from calib.analytic import moe as MOE
+
+    d = float(model.d_model)
+    m = MOE.terms(model)
+    if m["E"] == 0:
+        dense = mats * d * float(model.ffn_size)
+        return dense, dense, 0.0
+    one = float(MOE.expert_params(d, m["f_e"], mats))
+    router = d * m["E"]
+    return (m["E"] + m["n_sh"]) * one + router, (m["k"] + m["n_sh"]) * one + router, one
+
+
+def mtp_params(model) -> tuple[float, float]:
+    """(total, active) weights of the MTP module: depths x (block + projection 2 d^2)."""
+    n = depths(model)
+    if not n:
+        return 0.0, 0.0
+    mats = 3.0 if model.mlp == "swiglu" else 2.0
+    d = float(model.d_model)
+    attn = float(attention_proj_params(model)) + 2.0 * d * d
+    tot, act, _ = _mlp(model, mats)
+    return n * (attn + tot), n * (attn + act)
+
+
+def mtp_forward_flops_per_token(model) -> float:
+    """Forward FLOPs per token of the MTP module: per depth 2 x (block active + 2 d^2) + the
+    attention core 4 s d + the shared head once more 2 d V."""
+    d = float(model.d_model)
+    _, act = mtp_params(model)
+    return 2.0 * act + depths(model) * (4.0 * float(model.seq_len) * d + 2.0 * d * float(model.vocab))
+
+
+def mtp_iteration_flops(model, B, s, rc) -> tuple[np.ndarray, np.ndarray]:
+    """(model, hardware) FLOPs of the MTP module per iteration of B sequences of s: 3 x forward;
+    the hardware count adds recompute as the layers get it (full: block and projection once
+    more; selective: the attention core 4 s^2 d); the head is never recomputed."""
+    n = depths(model)
+    if not n:
+        return np.zeros(()), np.zeros(())
+    B, s = np.asarray(B, dtype=float), np.asarray(s, dtype=float)
+    mats = 3.0 if model.mlp == "swiglu" else 2.0
+    d, V = float(model.d_model), float(model.vocab)
+    _, act, _ = _mlp(model, mats)
+    mat_fwd = 2.0 * s * (float(attention_proj_params(model)) + act + 2.0 * d * d)
+    core_fwd = 4.0 * s * s * d
+    head = 6.0 * s * d * V
+    rc = np.asarray(rc)
+    extra = np.where(rc == F.FULL, mat_fwd + core_fwd, np.where(rc == F.SELECTIVE, core_fwd, 0.0))
+    model_fl = n * B * (3.0 * (mat_fwd + core_fwd) + head)
+    return model_fl, model_fl + n * B * extra
+
+
+def iteration_flops(model, B, rc, ffn, attn) -> tuple[np.ndarray, np.ndarray]:
+    """(model, hardware) FLOPs per iteration of B sequences, the reported TFLOP/s' basis:
+    layers (3 x forward, 2 x matrix weights + 4 s d; ``ffn`` the dense MLP width averaged over
+    the layers, ``attn`` the attention projection weights) + the LM head 6 s d V + MoE experts
+    counted active + the MTP module; hardware FLOPs add recompute."""
+    from calib.analytic import modern as X
+    from calib.analytic.shape_terms import shape_terms
+
+    d, L, s, V = (
+        np.asarray(getattr(model, c), dtype=float) for c in ("d_model", "n_layers", "seq_len", "vocab")
+    )
+    _, kv_frac, mats, _ = shape_terms(model)
+    B, rc = np.asarray(B, dtype=float), np.asarray(rc)
+    moe, head = X.moe_model_flops(model, B, s), F.lm_head_flops(1.0, s, d, V)
+    mtp_fl, mtp_hw = mtp_iteration_flops(model, B, s, rc)
+    model_fl = moe + B * (F.training_flops_layers(1.0, s, d, L, F.NONE, ffn, kv_frac, mats, attn) + head)
+    hw_fl = moe * np.where(rc == F.FULL, 4.0 / 3.0, 1.0) + B * (
+        F.training_flops_layers(1.0, s, d, L, rc, ffn, kv_frac, mats, attn) + head
+    )
+    return model_fl + mtp_fl, hw_fl + mtp_hw
+
+
+def with_mtp(model, d, V, heads: tuple, layers: tuple) -> tuple:
+    """The last stage's head terms with the MTP module: + depths x (one layer + the head once
+    more x (1 + 2d / V), the projection's FLOPs over the head's)."""
+    n = depths(model)
+    if not n:
+        return heads
+    proj = 2.0 * np.asarray(d, dtype=float) / np.asarray(V, dtype=float)
+    return tuple(h + n * (lay + h * (1.0 + proj)) for h, lay in zip(heads, layers, strict=True))
+
+
+def mtp_stage_params(model, d, t, ep, mats) -> tuple[np.ndarray, np.ndarray]:
+    """(weights per GPU over TP: attention, projection, shared experts, router or dense MLP;
+    routed-expert weights per GPU: E / ep experts) of the MTP module."""
+    n = depths(model)
+    if not n:
+        return np.zeros(()), np.zeros(())
+    d = np.asarray(d, dtype=float)
+    _, act, one = _mlp(model, float(mats))
+    from calib.analytic import moe as MOE
+
+    m = MOE.terms(model)
+    dense = attention_proj_params(model) + 2.0 * d * d + act - m["k"] * one  # shared + router or MLP
+    return n * dense / np.asarray(t, dtype=float), n * (m["E"] / np.asarray(ep, dtype=float)) * one
+
+
+def mtp_activation_bytes(model, p, per_layer, logits) -> np.ndarray:
+    """Single-stage models: depths x (one layer's kept activations + one head's fp32 logits);
+    with PP the last stage (one micro-batch in flight) does not set the peak: 0."""
+    n = depths(model)
+    if not n:
+        return np.zeros(())
+    return np.where(np.asarray(p) == 1, n * (np.asarray(per_layer) + np.asarray(logits)), 0.0)
+
+
+def params_note(model, total: float, active: float) -> str:
+    """The MoE parameter note, with the MTP module apart where the model has one."""
+    text = f"MoE: {total / 1e9:.1f} B parameters, {active / 1e9:.1f} B active per token"
+    if depths(model):
+        tot, act = mtp_params(model)
+        text += (
+            f" (main model; MTP module {tot / 1e9:.2f} B more, {act / 1e9:.2f} B active, on the last stage)"
+        )
+    return text
