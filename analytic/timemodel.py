@@ -237,7 +237,8 @@ def evaluate(
     sp = st.seq_parallel
     B = st.global_batch.astype(float)
     m = B / (dp * b)
-    lps, lps_last = U.stage_layers(L, p)  # layers of the largest and the last stage (analytic.uneven)
+    # layers of the largest and the last stage (analytic.uneven); MTP blocks are layers of it
+    lps, lps_last = U.stage_layers(L + MLA.depths(model), p)
     full = rc == F.FULL
 
     # ranks sharing a node's compute slots run everything that much slower (1 on GPUs)
@@ -319,17 +320,14 @@ def evaluate(
     )
     xl_total, xl_exposed = X.layer_comm(model, st, c, rc, layer_compute, attn_core_s)
 
-    layers = (layer_tr, layer_kernel, layer_compute + tp_layer + xl_exposed)  # MTP: on the last stage
-    head_tr, head_kernel, head_compute = MLA.with_mtp(
-        model, d, V, (head_tr, head_kernel, head_compute), layers
-    )
+    head_tr, head_kernel, head_compute = MLA.with_mtp(model, d, V, (head_tr, head_kernel, head_compute))
     stage_mb = lps * (layer_compute + tp_layer + xl_exposed) + pp_mb
     head_mb = U.head_excess_s(
-        head_compute, layer_compute + tp_layer + xl_exposed, lps, lps_last
+        head_compute, layer_compute + tp_layer + xl_exposed, lps, lps_last, st.schedule
     )  # = head when even
     fwd_sh, w_sh = X.schedule_shares(f_fwd, f_train, attn_fwd)
     # the bubble runs at the pace of the slowest virtual stage (analytic.uneven): v x its layers
-    chunk_stage = v * U.chunk_layers(L, p, v) * (layer_compute + tp_layer + xl_exposed) + pp_mb
+    chunk_stage = v * U.chunk_layers(L + MLA.depths(model), p, v) * (layer_compute + tp_layer + xl_exposed) + pp_mb
     pipeline, bubble = pipeline_time_s(stage_mb, head_mb, p, m, v, st.schedule, fwd_sh, w_sh, chunk_stage)
 
     # ---- data parallel / ZeRO over the stage's parameter shard -------------------------

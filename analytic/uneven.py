@@ -56,13 +56,22 @@ def stage_layers(n_layers: ArrayLike, pp: ArrayLike) -> tuple[np.ndarray, np.nda
     return n_max, n_last
 
 
-def head_excess_s(head_s: ArrayLike, layer_s: ArrayLike, n_max: ArrayLike, n_last: ArrayLike) -> np.ndarray:
-    """What the last stage (n_last layers + LM head) adds over a full stage of n_max layers."""
+def head_excess_s(
+    head_s: ArrayLike, layer_s: ArrayLike, n_max: ArrayLike, n_last: ArrayLike, schedule: ArrayLike = 0
+) -> np.ndarray:
+    """What the last stage (n_last layers + LM head) adds over a full stage of n_max layers,
+    per micro-batch.  DualPipe (DeepSeek-V3 sec. 3.2.1, Fig. 5) puts stages i and p - 1 - i
+    on GPU i and runs each direction's half of the micro-batches: the last stage shares a GPU
+    with the first, so per micro-batch the pace is (first + last) / 2 against a full stage and
+    the excess is halved."""
+    from calib.analytic.bubble import DUALPIPE
+
     head = np.asarray(head_s, dtype=float)
     gap = (np.asarray(n_max, dtype=float) - np.asarray(n_last, dtype=float)) * np.asarray(
         layer_s, dtype=float
     )
-    return np.maximum(0.0, head - gap)
+    excess = np.maximum(0.0, head - gap)
+    return np.where(np.asarray(schedule) == DUALPIPE, 0.5 * excess, excess)
 
 
 def chunk_layers(n_layers: ArrayLike, pp: ArrayLike, interleave: ArrayLike) -> np.ndarray:

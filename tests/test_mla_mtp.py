@@ -103,12 +103,12 @@ def test_flops_per_token_change_by_the_hand_worked_amount():
     assert model_flops == pytest.approx(want, rel=1e-9)
 
 
-def test_mtp_runs_on_the_last_stage_and_its_weights_are_charged():
-    """with_mtp: head + n (layer + head (1 + 2d/V)); stage weights: MTP attention, projection,
-    shared expert and router over TP, its routed experts over EP (t 1, ep 64: 4 experts)."""
-    h, lay = np.array(1.0), np.array(2.0)
-    (got,) = MLA.with_mtp(DS, 7168.0, 129280.0, (h,), (lay,))
-    assert float(got) == 1.0 + 2.0 + 1.0 * (1.0 + 2 * 7168 / 129280)
+def test_mtp_head_pass_rides_with_the_head_and_its_weights_are_charged():
+    """with_mtp: head + n head (1 + 2d/V) (the MTP block itself is a layer of the partition);
+    stage weights: MTP attention, projection, shared expert and router over TP, its routed
+    experts over EP (t 1, ep 64: 4 experts)."""
+    (got,) = MLA.with_mtp(DS, 7168.0, 129280.0, (np.array(1.0),))
+    assert float(got) == 1.0 + 1.0 * (1.0 + 2 * 7168 / 129280)
     dense, routed = MLA.mtp_stage_params(DS, 7168.0, 1.0, 64.0, 3.0)
     assert float(dense) == 187_105_280 + 2 * 7168**2 + 44_040_192 + 1_835_008
     assert float(routed) == 4 * 44_040_192
@@ -220,3 +220,35 @@ def test_a_table_row_takes_the_columns(tmp_path):
     with pytest.raises(InputError) as exc:
         read_table(tmp_path / "b.csv")
     assert "q_lora_rank" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_mtp_blocks_are_layers_of_the_pipeline_partition():
+    """61 layers + 1 MTP block over 16 stages split like 62 layers (analytic.uneven: 14 stages
+    of 4, the last of 3): the largest stage keeps 4 layers, so against a 62-layer model without
+    MTP the pipeline differs only by the head's second pass and MTP's extra FLOPs, never by a
+    fifth layer on the last stage."""
+    from calib.analytic import uneven as U
+
+    assert U.stage_layers(61 + MLA.depths(DS), 16) == (4.0, 3.0)
+    st = Strategies.of(tp=1, pp=16, dp=128, ep=64, micro_batch=1, global_batch=15360, zero=1, recompute=2)
+    r = {n: evaluate(replace(DS, mtp_layers=n), SYS, st) for n in (0, 1)}
+    m = 15360 / 128
+    extra_s = float(r[1]["iter_s"] - r[0]["iter_s"])
+    # the block on top of the last stage's own layers (the placement in mla's docstring that
+    # was not taken) adds half the iteration here; as a layer of the partition it adds the
+    # head's second pass and the MTP FLOPs: under a quarter
+    assert 0.0 < extra_s < float(r[0]["iter_s"]) / 4.0
+    assert m == 120.0
+
+
+def test_dualpipe_pairs_the_last_stage_with_the_first():
+    """DualPipe holds stages i and p - 1 - i on GPU i (deepseek-ai/DualPipe
+    examples/example_dualpipe.py: ``nn.Sequential(full_modules[rank], full_modules[pp_size - 1
+    - rank])``), each direction half of the micro-batches: the last stage's excess is halved."""
+    from calib.analytic import uneven as U
+    from calib.analytic.bubble import DUALPIPE, ONE_F_ONE_B
+
+    assert U.head_excess_s(3.0, 2.0, 4, 3, ONE_F_ONE_B) == pytest.approx(1.0)
+    assert U.head_excess_s(3.0, 2.0, 4, 3, DUALPIPE) == pytest.approx(0.5)
+    assert U.head_excess_s(1.5, 2.0, 4, 3, DUALPIPE) == pytest.approx(0.0)
+
