@@ -225,7 +225,5 @@ def params_note(model, total: float, active: float) -> str:
     text = f"MoE: {total / 1e9:.1f} B parameters, {active / 1e9:.1f} B active per token"
     if depths(model):
         tot, act = mtp_params(model)
-        text += (
-            f" (main model; MTP module {tot / 1e9:.2f} B more, {act / 1e9:.2f} B active, its blocks in the last stages)"
-        )
+        text += f" (main model; MTP module {tot / 1e9:.2f} B more, {act / 1e9:.2f} B active, its blocks in the last stages)"
     return text

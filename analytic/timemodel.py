@@ -327,7 +327,9 @@ def evaluate(
     )  # = head when even
     fwd_sh, w_sh = X.schedule_shares(f_fwd, f_train, attn_fwd)
     # the bubble runs at the pace of the slowest virtual stage (analytic.uneven): v x its layers
-    chunk_stage = v * U.chunk_layers(L + MLA.depths(model), p, v) * (layer_compute + tp_layer + xl_exposed) + pp_mb
+    chunk_stage = (
+        v * U.chunk_layers(L + MLA.depths(model), p, v) * (layer_compute + tp_layer + xl_exposed) + pp_mb
+    )
     pipeline, bubble = pipeline_time_s(stage_mb, head_mb, p, m, v, st.schedule, fwd_sh, w_sh, chunk_stage)
 
     # ---- data parallel / ZeRO over the stage's parameter shard -------------------------

@@ -251,4 +251,3 @@ def test_dualpipe_pairs_the_last_stage_with_the_first():
     assert U.head_excess_s(3.0, 2.0, 4, 3, ONE_F_ONE_B) == pytest.approx(1.0)
     assert U.head_excess_s(3.0, 2.0, 4, 3, DUALPIPE) == pytest.approx(0.5)
     assert U.head_excess_s(1.5, 2.0, 4, 3, DUALPIPE) == pytest.approx(0.0)
-
