@@ -1,4 +1,5 @@
-"""90 % prediction intervals of iteration times from a fitted device model.
+"""90 % prediction intervals of iteration times from a fitted device model (a validation
+fit's: :mod:`analytic.fit_interval`).
 
 The interval has two parts, both from the calibration's own data: the fitted terms'
 standard errors, propagated by re-evaluating the strategies with each term moved up by
@@ -22,12 +23,14 @@ LEVEL = 0.90
 
 
 def iter_interval(model, system, st, iter_s) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
-    """(lower, upper, notes) of each strategy's iteration time, or None without a device model."""
+    """(lower, upper, notes) of each strategy's iteration time, or None without a device model
+    or a validation fit (analytic.fit_interval)."""
+    from calib.analytic.fit_interval import validation_interval
     from calib.analytic.timemodel import evaluate
 
     dm = system.cal.device_model
     if dm is None or not dm.families:
-        return None
+        return validation_interval(model, system, st, iter_s)
     it = np.asarray(iter_s, dtype=float)
     var = np.zeros_like(it)
     for p in perturbations(dm):

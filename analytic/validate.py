@@ -341,7 +341,35 @@ def validate(
     fitted, prm = fit(table, systems, cal_rows, fit_kind)
     prm.pop("bound_hits", None)  # structured form of at_bound, for the folds' summary only
     rows = _annotate(table.rows(fitted).assign(role=np.where(cal_rows, "calibration", "held-out")), df, base)
-    return Validation(rows, _summary(rows, ~cal_rows, table.rows(systems)), prm, split, fitted)
+    rows = _with_interval(rows, table, fitted, prm)
+    summary = _summary(rows, ~cal_rows, table.rows(systems))
+    if "inside" in rows:
+        held = rows.loc[~cal_rows]
+        summary["n_inside_interval"] = int(held["inside"].sum())
+        summary["median_interval_pct"] = float(held["interval_pct"].median())
+    return Validation(rows, summary, prm, split, fitted)
+
+
+def _with_interval(rows: pd.DataFrame, table: Table, fitted: dict, prm: dict) -> pd.DataFrame:
+    """Each row's 90 % interval from the fit (analytic.fit_interval: the parameters' errors
+    and the calibration rows' scatter) and whether the measured value falls inside it."""
+    from calib.analytic import fit_interval as FI
+
+    stderrs = {n: prm[n + "_stderr"] for n in FI.TERMS if n + "_stderr" in prm}
+    base = rows["pred_iter_s"].to_numpy(dtype=float)
+
+    def times(name, se):
+        return table.iter_s({h: FI.moved(sy, name, se) for h, sy in fitted.items()})[0]
+
+    sigma = FI.param_sigma(times, stderrs, base)
+    half = FI.half_width(
+        sigma, prm.get("calibration_rmse_log", np.nan), prm.get("n_calibration_rows", 0), len(stderrs)
+    )
+    if half is None:
+        return rows
+    pred, meas = rows["predicted"].to_numpy(dtype=float), rows["measured"].to_numpy(dtype=float)
+    ratio = np.where(table.inverse, pred / meas, meas / pred)  # measured time / predicted time
+    return rows.assign(interval_pct=100.0 * np.expm1(half), inside=np.abs(np.log(ratio)) <= half)
 
 
 def _annotate(rows: pd.DataFrame, df: pd.DataFrame, base: System | None) -> pd.DataFrame:

@@ -234,6 +234,12 @@ def validate_text(info: dict, rows: pd.DataFrame) -> str:
             f"held-out rows {s['n_heldout']}: median |err| {s['median_abs_pct']:.2f} %, mean {s['mean_abs_pct']:.2f} %, "
             f"max {s['max_abs_pct']:.2f} %"
         )
+    if s.get("n_inside_interval") is not None:
+        out.append(
+            f"held-out rows inside their 90 % interval: {s['n_inside_interval']} of {s['n_heldout']} "
+            f"(median half-width {s['median_interval_pct']:.1f} %; the fit's parameter errors and its "
+            "calibration rows' scatter, analytic/fit_interval.py)"
+        )
     if s.get("unfitted_median_abs_pct") is not None:
         worse = s["unfitted_median_abs_pct"] < s["median_abs_pct"]
         out.append(

@@ -1,0 +1,78 @@
+"""Prediction intervals from a validation fit (analytic/fit_interval.py): the regression
+interval t_{0.95, n-k} sqrt(s^2 + sigma_p^2) in log time, checked by hand and against the
+held-out rows of the llm-foundry tables, which the fit never saw."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from calib.analytic import fit_interval as FI
+from calib.analytic.validate import validate
+from calib.analytic.vtable import read_table
+from scipy import stats
+
+from tests.conftest import run
+
+PUB = Path(__file__).parents[1] / "fixtures" / "published"
+A100 = PUB / "mosaicml_llmfoundry_fsdp_a100.csv"
+
+
+def test_half_width_is_the_regression_prediction_interval():
+    """n = 21 rows, k = 3 parameters, rms log residual 0.064: s^2 = 21 x 0.064^2 / 18 and
+    t_{0.95, 18} = 1.734; with a parameter error of 0.05 it adds in quadrature."""
+    s2 = 21 * 0.064**2 / 18
+    t = stats.t.ppf(0.95, 18)
+    assert FI.half_width(0.0, 0.064, 21, 3) == pytest.approx(t * np.sqrt(s2), rel=1e-12)
+    assert FI.half_width(0.05, 0.064, 21, 3) == pytest.approx(t * np.sqrt(s2 + 0.05**2), rel=1e-12)
+    assert FI.half_width(0.05, 0.064, 3, 3) is None  # no residual degree of freedom: no interval
+
+
+def test_held_out_rows_fall_inside_their_90_percent_interval_about_as_often():
+    """Fit on every third row of the A100 table (47 rows, 3 parameters), interval on the 92
+    others: observed 86 of 92 inside (93 %), median half-width 12.9 %.  Too narrow an interval
+    (coverage under 80 %) or a uselessly wide one (median over 25 %) fails."""
+    df, _ = read_table(A100)
+    v = validate(df, str(A100), calibrate_on="every-third")
+    s = v.summary
+    assert s["n_heldout"] == 92
+    assert 0.80 <= s["n_inside_interval"] / 92 <= 1.0
+    assert 5.0 < s["median_interval_pct"] < 25.0
+    held = v.rows[v.rows["role"] == "held-out"]
+    # inside means |log(measured time / predicted time)| within the half-width
+    ratio = held["predicted"] / held["measured"]  # a rate: measured time / predicted time
+    half = np.log1p(held["interval_pct"] / 100.0)
+    assert ((np.abs(np.log(ratio)) <= half) == held["inside"]).all()
+
+
+def test_predict_with_a_saved_fit_carries_the_interval(tmp_path):
+    """--save-calibration, then predict: iter_s_lo < iter_s < iter_s_hi, the same half-width
+    in log time on both sides, and a note saying what it holds."""
+    store = str(tmp_path / "store")
+    h100 = PUB / "mosaicml_llmfoundry_fsdp_h100_bf16.csv"  # one hardware: one calibration
+    run(
+        "validate", str(h100), "--calibrate-on", "every-third", "--store", store, "--save-calibration", "h100"
+    )
+    out = run(
+        "predict", "--calibration", "h100", "--store", store, "--model", "mpt-7b", "--s", "2048",
+        "--gpus", "8", "--micro-batch", "6", "--zero", "3", "--zero-impl", "fsdp", "--dp-overlap",
+        "--flash-attention", "--json",
+    ).output  # fmt: skip
+    d = json.loads(out)
+    c = d["configs"][0]
+    assert c["iter_s_lo"] < c["iter_s"] < c["iter_s_hi"]
+    assert np.log(c["iter_s_hi"] / c["iter_s"]) == pytest.approx(
+        np.log(c["iter_s"] / c["iter_s_lo"]), rel=1e-9
+    )
+    assert any("validation fit's parameter errors" in n for n in d["notes"])
+
+
+def test_no_interval_without_residual_degrees_of_freedom():
+    """torchtitan's every-third split fits 2 parameters to 2 rows: nothing left to measure the
+    scatter with, so no interval and no coverage line."""
+    path = PUB / "torchtitan_fsdp2_a100_llama.csv"
+    df, _ = read_table(path)
+    v = validate(df, str(path), calibrate_on="every-third")
+    assert "n_inside_interval" not in v.summary and "inside" not in v.rows
