@@ -312,7 +312,8 @@ def validate(
         for i in folds:  # one fit per fold (n fits), each vectorised over the table
             keep = np.arange(n) != i
             fitted, prm = fit(table, systems, keep, fit_kind)
-            parts.append(table.subset(~keep).rows(fitted))
+            sub = table.subset(~keep)
+            parts.append(_with_interval(sub.rows(fitted), sub, fitted, prm))
             params.append(prm)
         rows = _annotate(pd.concat(parts, ignore_index=True).assign(role="held-out"), df, base)
         prm = {"fit": fit_kind, "folds": n}
@@ -321,9 +322,9 @@ def validate(
             if vals.size:
                 prm[name + "_range"] = [float(vals.min()), float(vals.max())]
         prm["at_bound"] = _fold_bounds(params, n)
-        return Validation(
-            rows, _summary(rows, None, table.rows(systems)), prm, f"leave-one-out over {n} rows"
-        )
+        summary = _summary(rows, None, table.rows(systems))
+        summary.update(_coverage(rows))
+        return Validation(rows, summary, prm, f"leave-one-out over {n} rows")
     if calibrate_on is not None:
         cal_rows = select_rows(df, calibrate_on)
         split = f"calibrated on {int(cal_rows.sum())} stated row(s): {calibrate_on}"
@@ -343,11 +344,20 @@ def validate(
     rows = _annotate(table.rows(fitted).assign(role=np.where(cal_rows, "calibration", "held-out")), df, base)
     rows = _with_interval(rows, table, fitted, prm)
     summary = _summary(rows, ~cal_rows, table.rows(systems))
-    if "inside" in rows:
-        held = rows.loc[~cal_rows]
-        summary["n_inside_interval"] = int(held["inside"].sum())
-        summary["median_interval_pct"] = float(held["interval_pct"].median())
+    summary.update(_coverage(rows.loc[~cal_rows]))
     return Validation(rows, summary, prm, split, fitted)
+
+
+def _coverage(held: pd.DataFrame) -> dict:
+    """How many held-out rows with an interval fall inside it, and its median half-width."""
+    if "interval_pct" not in held or held["interval_pct"].isna().all():
+        return {}
+    has = held["interval_pct"].notna()
+    return {
+        "n_inside_interval": int(held.loc[has, "inside"].astype(bool).sum()),
+        "n_with_interval": int(has.sum()),
+        "median_interval_pct": float(held.loc[has, "interval_pct"].median()),
+    }
 
 
 def _with_interval(rows: pd.DataFrame, table: Table, fitted: dict, prm: dict) -> pd.DataFrame:

@@ -236,7 +236,7 @@ def validate_text(info: dict, rows: pd.DataFrame) -> str:
         )
     if s.get("n_inside_interval") is not None:
         out.append(
-            f"held-out rows inside their 90 % interval: {s['n_inside_interval']} of {s['n_heldout']} "
+            f"held-out rows inside their 90 % interval: {s['n_inside_interval']} of {s['n_with_interval']} "
             f"(median half-width {s['median_interval_pct']:.1f} %; the fit's parameter errors and its "
             "calibration rows' scatter, analytic/fit_interval.py)"
         )
