@@ -47,9 +47,10 @@ this rule chosen after they were seen.  So
   is on the critical path (uneven.head_excess_s);
 * weights, gradients, optimizer states: charged to the stage the memory model charges (its
   largest), the conservative bound, as the embedding is (shape_terms.stage_params);
-* activations: with one stage they add one layer's and one head's logits per depth; with PP
-  the last stage holds one micro-batch in flight and never sets the peak (memory.py's first
-  stage holds min(p, m)), so nothing is added;
+* activations: with one stage, and under DualPipe (whose GPU 0 holds the first and the last
+  stage), they add one layer's and one head's logits per depth; with 1F1B the last stage
+  holds one micro-batch in flight and never sets the peak (memory.py's first stage holds
+  min(p, m)), so nothing is added;
 * FLOPs: model and hardware FLOPs (reported TFLOP/s, MFU) count the MTP work too (3 x forward
   of block + projection + head, recompute on block and projection as on the layers): it is
   matmul work every training step runs.  DeepSeek publishes no MFU or its FLOP convention.
@@ -211,13 +212,18 @@ def mtp_stage_params(model, d, t, ep, mats) -> tuple[np.ndarray, np.ndarray]:
     return n * dense / np.asarray(t, dtype=float), n * (m["E"] / np.asarray(ep, dtype=float)) * one
 
 
-def mtp_activation_bytes(model, p, per_layer, logits) -> np.ndarray:
-    """Single-stage models: depths x (one layer's kept activations + one head's fp32 logits);
-    with PP the last stage (one micro-batch in flight) does not set the peak: 0."""
+def mtp_activation_bytes(model, p, per_layer, logits, schedule=0) -> np.ndarray:
+    """depths x (one layer's kept activations + one head's fp32 logits) where the stage that
+    runs the MTP module sets the memory peak: a single stage, or DualPipe, whose GPU 0 holds
+    the first stage (the most micro-batches in flight) and the last (analytic.uneven).  With
+    1F1B the last stage holds one micro-batch in flight and never sets the peak: 0."""
+    from calib.analytic.bubble import DUALPIPE
+
     n = depths(model)
     if not n:
         return np.zeros(())
-    return np.where(np.asarray(p) == 1, n * (np.asarray(per_layer) + np.asarray(logits)), 0.0)
+    peak = (np.asarray(p) == 1) | (np.asarray(schedule) == DUALPIPE)
+    return np.where(peak, n * (np.asarray(per_layer) + np.asarray(logits)), 0.0)
 
 
 def params_note(model, total: float, active: float) -> str:

@@ -376,7 +376,7 @@ def evaluate(
         acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, False, (ffn_c / d, kv_frac, mats, drop))  # fmt: skip
         lg = logits_bytes(b, s_loc, V, t, p)
         one = F.activation_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, ffn_c / d, kv_frac, mats, drop)
-        acts = acts + MLA.mtp_activation_bytes(model, p, one, lg)  # one stage only (analytic.mla)
+        acts = acts + MLA.mtp_activation_bytes(model, p, one, lg, st.schedule)  # analytic.mla
         if st.is_modern or X.MOE.is_moe(model):
             mem = X.memory(model, sm, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc,
                            hw.runtime_reserve_gb * 1e9, lg)  # fmt: skip

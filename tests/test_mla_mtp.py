@@ -251,3 +251,15 @@ def test_dualpipe_pairs_the_last_stage_with_the_first():
     assert U.head_excess_s(3.0, 2.0, 4, 3, ONE_F_ONE_B) == pytest.approx(1.0)
     assert U.head_excess_s(3.0, 2.0, 4, 3, DUALPIPE) == pytest.approx(0.5)
     assert U.head_excess_s(1.5, 2.0, 4, 3, DUALPIPE) == pytest.approx(0.0)
+
+
+def test_mtp_activations_count_where_their_stage_sets_the_peak():
+    """One stage, or DualPipe (GPU 0 holds the first and the last stage): one layer's kept
+    activations + one head's logits per depth; 1F1B with PP: the last stage never sets the
+    peak, nothing added."""
+    from calib.analytic.bubble import DUALPIPE, ONE_F_ONE_B
+
+    assert float(MLA.mtp_activation_bytes(DS, 1, 3.0, 2.0)) == 5.0
+    assert float(MLA.mtp_activation_bytes(DS, 16, 3.0, 2.0, DUALPIPE)) == 5.0
+    assert float(MLA.mtp_activation_bytes(DS, 16, 3.0, 2.0, ONE_F_ONE_B)) == 0.0
+    assert float(MLA.mtp_activation_bytes(replace(DS, mtp_layers=0), 1, 3.0, 2.0)) == 0.0
