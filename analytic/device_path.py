@@ -30,13 +30,16 @@ class Shape:
     kv: np.ndarray
     mlp: str
     tied: bool
+    attn: tuple | None = None  # MLA's projections (analytic.mla.attention_linears); None: Q, K, V, O
 
 
 def shape_of(model) -> Shape:
+    from calib.analytic.mla import attention_linears
+
     ex = model.shape_extras
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     return Shape(f(model.d_model), f(model.n_layers), f(model.n_heads), f(model.seq_len), f(model.vocab),
-                 f(ex["ffn"]), f(ex["kv"]), str(ex["mlp"]), bool(ex["tied"]))  # fmt: skip
+                 f(ex["ffn"]), f(ex["kv"]), str(ex["mlp"]), bool(ex["tied"]), attention_linears(model))  # fmt: skip
 
 
 def layer_terms(
@@ -57,7 +60,7 @@ def layer_terms(
     passes = np.where(rc == F.FULL, 2.0, 1.0)
     # op-level SAC re-runs every second matmul (a share of the linear forward) and every
     # element-wise op (as full recompute does)
-    lin_fwd = 2.0 * T * F.layer_matrix_params(sh.d, sh.ffn, sh.kv / sh.a, 3.0 if sh.mlp == "swiglu" else 2.0)
+    lin_fwd = 2.0 * T * D.layer_params(sh.d, sh.a, sh.kv, sh.ffn, sh.mlp, sh.attn)
     op_share = (
         F.op_sac_recompute_flops(np.asarray(b, dtype=float), sh.s, sh.d, sh.ffn, sh.kv / sh.a) / lin_fwd
     )
@@ -65,7 +68,7 @@ def layer_terms(
     stream_passes = np.where(rc == F.OP, 2.0, passes)
     fp8 = np.asarray(fp8, dtype=bool)
     scale = np.where(fp8, fp8_scale, 1.0)
-    gemm = D.gemm_layer_s(dm, T, sh.d, sh.a, sh.kv, sh.ffn, t, sh.mlp, gemm_passes, scale)
+    gemm = D.gemm_layer_s(dm, T, sh.d, sh.a, sh.kv, sh.ffn, t, sh.mlp, gemm_passes, scale, sh.attn)
     attn = D.attention_layer_s(dm, b, sh.s, sh.d, sh.a, t, flash, passes)
     selective = np.asarray(rc) == F.SELECTIVE
     attn = attn_scale * attn * np.where(selective, 4.5 / 3.5, 1.0)  # selective: the core's forward once more

@@ -106,6 +106,25 @@ def attention_proj_params(model) -> np.ndarray:
     return q + k_v + a * h_v * d
 
 
+def attention_linears(model) -> tuple | None:
+    """(in, out, column-parallel) of MLA's projections (module docstring), for the device
+    model's per-GEMM times; None without MLA (Q, K, V, O of d / a-wide heads)."""
+    if not uses_mla(model):
+        return None
+    ex = model.shape_extras
+    d, a = float(model.d_model), float(model.n_heads)
+    kv = float(ex["kv"])
+    h_qk = float(ex.get("qk_head_dim") or 0) or d / a
+    h_v = float(ex.get("v_head_dim") or 0) or d / a
+    q_r, kv_r, rope = (float(getattr(model, f) or 0) for f in MLA_FIELDS)
+    q = ((d, q_r, 1.0), (q_r, a * h_qk, 1.0)) if q_r else ((d, a * h_qk, 1.0),)
+    if kv_r:
+        k_v = ((d, kv_r + rope, 1.0), (kv_r, a * (h_qk - rope + h_v), 1.0))
+    else:
+        k_v = ((d, kv * h_qk, 1.0), (d, kv * h_v, 1.0))
+    return (*q, *k_v, (a * h_v, d, 0.0))
+
+
 def depths(model) -> int:
     return int(getattr(model, "mtp_layers", 0) or 0)
 

@@ -49,28 +49,37 @@ def _t0(dm: DeviceModel, fam: Family | None) -> float:
     ).value
 
 
-def linears(d, a, kv, ffn, mlp: str) -> list[tuple[np.ndarray, np.ndarray, float]]:
-    """(in, out, column_parallel) of every linear layer of one transformer layer."""
+def linears(d, a, kv, ffn, mlp: str, attn=None) -> list[tuple[np.ndarray, np.ndarray, float]]:
+    """(in, out, column_parallel) of every linear layer of one transformer layer; ``attn``:
+    the attention projections' own list where they are not Q, K, V and O of d / a-wide heads
+    (low-rank ones: analytic.mla.attention_linears)."""
     d, a, kv, ffn = _f(d), _f(a), _f(kv), _f(ffn)
     hd = d / a
     if mlp == SWIGLU:
-        return [(d, d, 1.0), (d, kv * hd, 1.0), (d, kv * hd, 1.0), (d, d, 0.0),
-                (d, ffn, 1.0), (d, ffn, 1.0), (ffn, d, 0.0)]  # fmt: skip
-    return [(d, d + 2.0 * kv * hd, 1.0), (d, d, 0.0), (d, ffn, 1.0), (ffn, d, 0.0)]
+        mlp_lin = [(d, ffn, 1.0), (d, ffn, 1.0), (ffn, d, 0.0)]
+        att = [(d, d, 1.0), (d, kv * hd, 1.0), (d, kv * hd, 1.0), (d, d, 0.0)]
+    else:
+        mlp_lin = [(d, ffn, 1.0), (ffn, d, 0.0)]
+        att = [(d, d + 2.0 * kv * hd, 1.0), (d, d, 0.0)]
+    att = att if attn is None else [(_f(i), _f(o), float(c)) for i, o, c in attn]
+    return att + mlp_lin
 
 
-def layer_params(d, a, kv, ffn, mlp: str) -> np.ndarray:
+def layer_params(d, a, kv, ffn, mlp: str, attn=None) -> np.ndarray:
     """Weights of one layer (biases and norms are < 0.1 % and left out)."""
-    return sum(i * o for i, o, _ in linears(d, a, kv, ffn, mlp))
+    return sum(i * o for i, o, _ in linears(d, a, kv, ffn, mlp, attn))
 
 
-def gemm_layer_s(dm: DeviceModel, T, d, a, kv, ffn, t, mlp: str, passes_fwd=1.0, scale=1.0) -> np.ndarray:
+def gemm_layer_s(
+    dm: DeviceModel, T, d, a, kv, ffn, t, mlp: str, passes_fwd=1.0, scale=1.0, attn=None
+) -> np.ndarray:
     """GEMM seconds of one layer's forward (``passes_fwd`` times) and backward; ``scale``
-    multiplies the fitted FLOP rate (FP8 GEMMs: the FP8 over the bf16 peak)."""
+    multiplies the fitted FLOP rate (FP8 GEMMs: the FP8 over the bf16 peak); ``attn`` as in
+    :func:`linears`."""
     T, t = _f(T), _f(t)
     g = dm.gemm
     total = 0.0
-    for i, o, col in linears(d, a, kv, ffn, mlp):
+    for i, o, col in linears(d, a, kv, ffn, mlp, attn):
         i_t = np.where(col > 0, i, i / t)
         o_t = np.where(col > 0, o / t, o)
         fwd = g.time_s(T, np.round(o_t), np.round(i_t), scale=scale)

@@ -223,3 +223,36 @@ def test_mla_widths_scale_the_device_models_attention(fitted):
     attn = D.attention_layer_s(dm, 2, sh.s, sh.d, sh.a, 1, True, 1.0)
     assert float(wide["transformer"] - one["transformer"]) == pytest.approx(float((f - 1.0) * attn), rel=1e-9)
     assert float(wide["stream"]) == pytest.approx(float(one["stream"]))
+
+
+def test_mla_projections_in_the_device_models_gemms(fitted):
+    """Under a device model each of MLA's projections is its own GEMM (analytic.mla
+    attention_linears); their weights add up to the count every other site uses
+    (shape_terms.attention_proj_params: 187,105,280 for DeepSeek-V3), also with a full-rank
+    query, and a model without MLA fields keeps Q, K, V and O."""
+    from dataclasses import replace
+
+    from calib.analytic import device_path as DP
+    from calib.analytic.mla import attention_linears
+    from calib.analytic.shape_terms import attention_proj_params
+    from calib.analytic.specs import load_model
+    from calib.calibrate import device_step as D
+
+    model, _ = fitted
+    dm = model.device_model_
+    fam, _ = dm.family("swiglu")
+    ds = load_model("deepseek-v3")
+    for m in (ds, replace(ds, q_lora_rank=0)):
+        sh = DP.shape_of(m)
+        attn = float(attention_proj_params(m))
+        assert float(D.layer_params(sh.d, sh.a, sh.kv, sh.ffn, sh.mlp, sh.attn)) == attn + 3 * 7168 * 18432
+    assert sum(i * o for i, o, _ in attention_linears(ds)) == 187_105_280
+    assert DP.shape_of(load_model("llama3-8b")).attn is None
+    sh = DP.shape_of(ds)
+    plain = replace(sh, attn=None)
+    t = {
+        k: DP.layer_terms(dm, fam, x, 1, 1, False, 0, True)["transformer"]
+        for k, x in (("mla", sh), ("qkvo", plain))
+    }
+    gemm = {k: D.gemm_layer_s(dm, 4096.0, 7168.0, 128.0, 128.0, 18432.0, 1, "swiglu", attn=a) for k, a in (("mla", sh.attn), ("qkvo", None))}  # fmt: skip
+    assert float(t["mla"] - t["qkvo"]) == pytest.approx(float(gemm["mla"] - gemm["qkvo"]), rel=1e-9)
