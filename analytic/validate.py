@@ -301,9 +301,9 @@ def validate(
     n = len(df)
     if fit_kind == "none":
         rows = _annotate(table.rows(systems).assign(role="held-out"), df, base)
-        return Validation(
-            rows, _summary(rows), {"fit": "none", "at_bound": []}, "no fit: the calibration as given"
-        )
+        rows = _with_saved_interval(rows, table, systems)
+        summary = {**_summary(rows), **_coverage(rows)}
+        return Validation(rows, summary, {"fit": "none", "at_bound": []}, "no fit: the calibration as given")
     if loo or (calibrate_on is None and holdout is None):
         if n < 2:
             raise InputError(where, "leave-one-out needs at least two rows")
@@ -346,6 +346,23 @@ def validate(
     summary = _summary(rows, ~cal_rows, table.rows(systems))
     summary.update(_coverage(rows.loc[~cal_rows]))
     return Validation(rows, summary, prm, split, fitted)
+
+
+def _with_saved_interval(rows: pd.DataFrame, table: Table, systems: dict) -> pd.DataFrame:
+    """Rows predicted with one saved validation fit (``--calibration NAME --fit none``) get
+    that fit's interval (analytic.fit_interval); it does not hold a transfer's error or that
+    of configurations unlike its calibration rows -- the coverage shows how far it carries."""
+    from calib.analytic import fit_interval as FI
+
+    if len({id(s.cal) for s in systems.values()}) != 1:
+        return rows
+    system = next(iter(systems.values()))
+    stats_ = FI.fit_stats(system.cal)
+    if stats_ is None:
+        return rows
+    prm = {f"{n}_stderr": se for n, se in FI.saved_stderrs(system).items()}
+    prm.update(calibration_rmse_log=stats_["rmse"], n_calibration_rows=stats_["n"])
+    return _with_interval(rows, table, systems, prm)
 
 
 def _coverage(held: pd.DataFrame) -> dict:

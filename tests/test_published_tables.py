@@ -293,6 +293,8 @@ def test_a_bf16_calibration_predicts_the_fp8_section(tmp_path):
     ).output
     s = json.loads(out)["summary"]
     assert s["n_heldout"] == 10 and s["median_abs_pct"] < 10.0
+    # the saved BF16 fit's 90 % interval (analytic.fit_interval) holds 10 of the 10 FP8 rows
+    assert s["n_with_interval"] == 10 and s["n_inside_interval"] >= 8
     # without the BF16 calibration (stated defaults) the same rows are far off
     df, _ = read_table(H100_FP8)
     assert validate(df, str(H100_FP8), fit_kind="none").summary["median_abs_pct"] > 30.0
