@@ -79,8 +79,9 @@ def moe_model_options(f):
                 "--mtp-layers",
                 "mtp_layers",
                 type=Int(0),
-                help="Multi-token-prediction depths: each adds one block, a 2d x d projection and the shared "
-                "LM head once more on the last pipeline stage (default 0; deepseek-v3: 1).",
+                help="Multi-token-prediction depths: each adds one block (one more layer of the pipeline "
+                "split), a 2d x d projection and the shared LM head once more, with the head on the last "
+                "stage (default 0; deepseek-v3: 1).",
             ),
         ]
     ):
