@@ -163,3 +163,13 @@ def test_moe_options_on_the_command_line():
                          "--json").output)  # fmt: skip
     assert moe["model"]["n_experts"] == 16 and moe["configs"][0]["ep"] == 16
     assert moe["configs"][0]["ep_cp_s"] > 0
+
+
+def test_unfused_attention_is_said_and_fused_is_not():
+    """Without --flash-attention the model keeps and moves the s x s scores (Megatron 2021):
+    predict and search say so, naming the sequence; with it they say nothing."""
+    args = ("--hardware", "dgx-h100", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64")
+    for cmd in ("predict", "search"):
+        out = run(cmd, *args).output
+        assert "attention unfused" in out and "at s = 8192" in out, out
+        assert "attention unfused" not in run(cmd, *args, "--flash-attention").output

@@ -8,6 +8,7 @@ from calib.commands.options import (
     MACHINE_HELP,
     Choice,
     Int,
+    attention_note,
     machine_options,
     model_options,
     require,
@@ -193,6 +194,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         raise InputError("--max-tp", f"must be positive, got {max_tp}")
     counts = parse_gpu_spec(require(gpus, "--gpus"))
     machine, notes = resolve_system(system, calibration, hardware, store)
+    notes = notes + attention_note(model, flash_attention)
     space = Space(
         zero=parse_zero(zero_stages),
         interleave=not no_interleave,
