@@ -130,6 +130,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     df["mfu"] = r["mfu"]
     df = df.assign(**scaling(df))
     notes = [f"scaling relative to {gpus[0]} GPUs", *stack_notes(model, plan, system)]
+    notes += attention_note(model, plan.flash_attention)
     if plan.fused_layers and system.device_model is not None:
         notes.append(
             "fused layers: not applied -- the device model's layer terms are fitted on the traced kernels"
@@ -178,3 +179,15 @@ def scaling(df: pd.DataFrame) -> dict[str, np.ndarray]:
         "eff_comm": eff,
         "speedup_comm_model": seed,
     }
+
+
+def attention_note(model, flash_attention: bool) -> list[str]:
+    """A note when attention runs unfused: at long sequences the s x s scores it keeps and
+    moves dominate, and every stack since FlashAttention (2022) fuses them."""
+    if flash_attention:
+        return []
+    return [
+        f"attention unfused (the s x s scores kept and moved, as Megatron ran GPT-3 in 2021); at s = "
+        f"{model.seq_len} a stack with fused attention (FlashAttention, cuDNN / PyTorch SDPA) wants the "
+        "flash-attention option"
+    ]

@@ -261,7 +261,8 @@ def oom_summary(rows: pd.DataFrame) -> dict:
 
 
 def summarise(errors_pct: np.ndarray) -> dict:
-    e = np.abs(np.asarray(errors_pct, dtype=float))
+    signed = np.asarray(errors_pct, dtype=float)
+    e = np.abs(signed)
     if e.size == 0:
         return {"n_heldout": 0, "median_abs_pct": None, "mean_abs_pct": None, "max_abs_pct": None}
     return {
@@ -269,6 +270,9 @@ def summarise(errors_pct: np.ndarray) -> dict:
         "median_abs_pct": float(np.median(e)),
         "mean_abs_pct": float(np.mean(e)),
         "max_abs_pct": float(np.max(e)),
+        # the bias: a model that is off the same way on most rows says so
+        "median_signed_pct": float(np.median(signed)),
+        "n_predicted_above": int(np.sum(signed > 0)),
     }
 
 

@@ -171,5 +171,5 @@ def test_unfused_attention_is_said_and_fused_is_not():
     args = ("--hardware", "dgx-h100", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64")
     for cmd in ("predict", "search"):
         out = run(cmd, *args).output
-        assert "attention unfused" in out and "at s = 8192" in out, out
+        assert "attention unfused" in out and "at s = 8192" in out and "flash-attention" in out, out
         assert "attention unfused" not in run(cmd, *args, "--flash-attention").output

@@ -87,3 +87,14 @@ def test_leave_one_out_intervals_cover_the_rows():
     s = validate(df, str(path), loo=True).summary
     assert s["n_with_interval"] == 10 and 8 <= s["n_inside_interval"] <= 10
     assert 2.0 < s["median_interval_pct"] < 12.0
+
+
+def test_the_summary_states_the_bias():
+    """Signed median and how many held-out rows are predicted above their measured value:
+    the H100 BF16 table's every-third split, observed +1.05 % and 21 of 34, from the rows."""
+    path = PUB / "mosaicml_llmfoundry_fsdp_h100_bf16.csv"
+    df, _ = read_table(path)
+    v = validate(df, str(path), calibrate_on="every-third")
+    held = v.rows.loc[v.rows["role"] == "held-out", "err_pct"]
+    assert v.summary["median_signed_pct"] == pytest.approx(float(np.median(held)))
+    assert v.summary["n_predicted_above"] == int((held > 0).sum()) == 21

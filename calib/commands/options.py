@@ -243,15 +243,3 @@ def terminal_progress(it, desc: str, unit: str, minimum: int = 2):
     from tqdm import tqdm
 
     return tqdm(it, total=total, desc=desc, unit=unit, file=sys.stderr)
-
-
-def attention_note(model, flash_attention: bool) -> list[str]:
-    """A note when attention runs unfused: at long sequences the s x s scores it keeps and
-    moves dominate, and every stack since FlashAttention (2022) fuses them."""
-    if flash_attention:
-        return []
-    return [
-        f"attention unfused (the s x s scores kept and moved, as Megatron ran GPT-3 in 2021); at s = "
-        f"{model.seq_len} a stack with fused attention (FlashAttention, cuDNN / PyTorch SDPA) wants "
-        "--flash-attention"
-    ]

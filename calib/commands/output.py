@@ -233,6 +233,12 @@ def validate_text(info: dict, rows: pd.DataFrame) -> str:
         out.append(
             f"held-out rows {s['n_heldout']}: median |err| {s['median_abs_pct']:.2f} %, mean {s['mean_abs_pct']:.2f} %, "
             f"max {s['max_abs_pct']:.2f} %"
+            + (
+                f"; signed median {s['median_signed_pct']:+.2f} %, predicted above the measured value in "
+                f"{s['n_predicted_above']} of {s['n_heldout']}"
+                if s.get("median_signed_pct") is not None
+                else ""
+            )
         )
     if s.get("n_inside_interval") is not None:
         out.append(

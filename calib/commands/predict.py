@@ -8,7 +8,6 @@ from calib.commands.options import (
     MACHINE_HELP,
     Choice,
     Int,
-    attention_note,
     machine_options,
     model_options,
     require,
@@ -153,7 +152,7 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
                 tp2d_kind=("2d", "summa").index(tp2d_kind), shard=shard,
                 zero_impl=zero_impl_code(zero_impl), **stack)  # fmt: skip
     result = run_predict(model, machine, parse_gpus(require(gpus, "--gpus")), plan)
-    notes = notes + result.notes + attention_note(model, flash_attention)
+    notes = notes + result.notes
     if energy:
         from calib.commands.energy_cli import add_energy
 

@@ -8,7 +8,6 @@ from calib.commands.options import (
     MACHINE_HELP,
     Choice,
     Int,
-    attention_note,
     machine_options,
     model_options,
     require,
@@ -194,6 +193,8 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         raise InputError("--max-tp", f"must be positive, got {max_tp}")
     counts = parse_gpu_spec(require(gpus, "--gpus"))
     machine, notes = resolve_system(system, calibration, hardware, store)
+    from calib.analytic.predict import attention_note
+
     notes = notes + attention_note(model, flash_attention)
     space = Space(
         zero=parse_zero(zero_stages),
