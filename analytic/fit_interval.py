@@ -123,3 +123,52 @@ def validation_interval(model, system, st, iter_s) -> tuple[np.ndarray, np.ndarr
     if "transferred_from" in (system.cal.provenance or {}):
         notes.append("transferred calibration: the interval does not hold the transfer's error")
     return it * np.exp(-half), it * np.exp(half), notes
+
+
+# ---- validation tables: each row's interval and the held-out coverage ----------------
+def with_saved_interval(rows, table, systems: dict):
+    """Rows predicted with one saved validation fit (``--calibration NAME --fit none``) get
+    that fit's interval (above); it does not hold a transfer's error or that of
+    configurations unlike its calibration rows -- the coverage shows how far it carries."""
+    if len({id(s.cal) for s in systems.values()}) != 1:
+        return rows
+    system = next(iter(systems.values()))
+    stats_ = fit_stats(system.cal)
+    if stats_ is None:
+        return rows
+    prm = {f"{n}_stderr": se for n, se in saved_stderrs(system).items()}
+    prm.update(calibration_rmse_log=stats_["rmse"], n_calibration_rows=stats_["n"])
+    return with_interval(rows, table, systems, prm)
+
+
+def coverage(held) -> dict:
+    """How many held-out rows with an interval fall inside it, and its median half-width."""
+    if "interval_pct" not in held or held["interval_pct"].isna().all():
+        return {}
+    has = held["interval_pct"].notna()
+    return {
+        "n_inside_interval": int(held.loc[has, "inside"].astype(bool).sum()),
+        "n_with_interval": int(has.sum()),
+        "median_interval_pct": float(held.loc[has, "interval_pct"].median()),
+    }
+
+
+def with_interval(rows, table, fitted: dict, prm: dict):
+    """Each row of a validation table (analytic.validate.Table) with its 90 % interval from
+    the fit (the parameters' errors and the calibration rows' scatter) and whether the
+    measured value falls inside it."""
+    stderrs = {n: prm[n + "_stderr"] for n in TERMS if n + "_stderr" in prm}
+    base = rows["pred_iter_s"].to_numpy(dtype=float)
+
+    def times(name, se):
+        return table.iter_s({h: moved(sy, name, se) for h, sy in fitted.items()})[0]
+
+    sigma = param_sigma(times, stderrs, base)
+    half = half_width(
+        sigma, prm.get("calibration_rmse_log", np.nan), prm.get("n_calibration_rows", 0), len(stderrs)
+    )
+    if half is None:
+        return rows
+    pred, meas = rows["predicted"].to_numpy(dtype=float), rows["measured"].to_numpy(dtype=float)
+    ratio = np.where(table.inverse, pred / meas, meas / pred)  # measured time / predicted time
+    return rows.assign(interval_pct=100.0 * np.expm1(half), inside=np.abs(np.log(ratio)) <= half)

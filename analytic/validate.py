@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from calib.analytic import fit_interval as FI
 from calib.analytic import formulas as F
 from calib.analytic import vfit as VF  # noqa: F401 - the fits, re-exported for callers
 from calib.analytic.machine import default_calibration
@@ -303,11 +304,16 @@ def validate(
     check_rows(df, where, systems)
     table = Table.of(df)
     n = len(df)
-    if fit_kind == "none":
+    traced = sorted({s.cal.system for s in systems.values() if s.device_model is not None})
+    if fit_kind == "none" or traced:
         rows = _annotate(table.rows(systems).assign(role="held-out"), df, base)
-        rows = _with_saved_interval(rows, table, systems)
-        summary = {**_summary(rows), **_coverage(rows)}
-        return Validation(rows, summary, {"fit": "none", "at_bound": []}, "no fit: the calibration as given")
+        rows = FI.with_saved_interval(rows, table, systems)
+        summary = {**_summary(rows), **FI.coverage(rows)}
+        prm = {"fit": "none", "at_bound": []}
+        if traced and fit_kind != "none":  # its kernels are timed from traces: nothing here to fit
+            prm["notes"] = [f"no fit: the device model of {', '.join(traced)} times every kernel from its traces, "
+                            "so the table's compute efficiencies do not apply; every row predicted as it gives them"]  # fmt: skip
+        return Validation(rows, summary, prm, "no fit: the calibration as given")
     if loo or (calibrate_on is None and holdout is None):
         if n < 2:
             raise InputError(where, "leave-one-out needs at least two rows")
@@ -317,7 +323,7 @@ def validate(
             keep = np.arange(n) != i
             fitted, prm = fit(table, systems, keep, fit_kind)
             sub = table.subset(~keep)
-            parts.append(_with_interval(sub.rows(fitted), sub, fitted, prm))
+            parts.append(FI.with_interval(sub.rows(fitted), sub, fitted, prm))
             params.append(prm)
         rows = _annotate(pd.concat(parts, ignore_index=True).assign(role="held-out"), df, base)
         prm = {"fit": fit_kind, "folds": n}
@@ -327,7 +333,7 @@ def validate(
                 prm[name + "_range"] = [float(vals.min()), float(vals.max())]
         prm["at_bound"] = _fold_bounds(params, n)
         summary = _summary(rows, None, table.rows(systems))
-        summary.update(_coverage(rows))
+        summary.update(FI.coverage(rows))
         return Validation(rows, summary, prm, f"leave-one-out over {n} rows")
     if calibrate_on is not None:
         cal_rows = select_rows(df, calibrate_on)
@@ -346,61 +352,10 @@ def validate(
     fitted, prm = fit(table, systems, cal_rows, fit_kind)
     prm.pop("bound_hits", None)  # structured form of at_bound, for the folds' summary only
     rows = _annotate(table.rows(fitted).assign(role=np.where(cal_rows, "calibration", "held-out")), df, base)
-    rows = _with_interval(rows, table, fitted, prm)
+    rows = FI.with_interval(rows, table, fitted, prm)
     summary = _summary(rows, ~cal_rows, table.rows(systems))
-    summary.update(_coverage(rows.loc[~cal_rows]))
+    summary.update(FI.coverage(rows.loc[~cal_rows]))
     return Validation(rows, summary, prm, split, fitted)
-
-
-def _with_saved_interval(rows: pd.DataFrame, table: Table, systems: dict) -> pd.DataFrame:
-    """Rows predicted with one saved validation fit (``--calibration NAME --fit none``) get
-    that fit's interval (analytic.fit_interval); it does not hold a transfer's error or that
-    of configurations unlike its calibration rows -- the coverage shows how far it carries."""
-    from calib.analytic import fit_interval as FI
-
-    if len({id(s.cal) for s in systems.values()}) != 1:
-        return rows
-    system = next(iter(systems.values()))
-    stats_ = FI.fit_stats(system.cal)
-    if stats_ is None:
-        return rows
-    prm = {f"{n}_stderr": se for n, se in FI.saved_stderrs(system).items()}
-    prm.update(calibration_rmse_log=stats_["rmse"], n_calibration_rows=stats_["n"])
-    return _with_interval(rows, table, systems, prm)
-
-
-def _coverage(held: pd.DataFrame) -> dict:
-    """How many held-out rows with an interval fall inside it, and its median half-width."""
-    if "interval_pct" not in held or held["interval_pct"].isna().all():
-        return {}
-    has = held["interval_pct"].notna()
-    return {
-        "n_inside_interval": int(held.loc[has, "inside"].astype(bool).sum()),
-        "n_with_interval": int(has.sum()),
-        "median_interval_pct": float(held.loc[has, "interval_pct"].median()),
-    }
-
-
-def _with_interval(rows: pd.DataFrame, table: Table, fitted: dict, prm: dict) -> pd.DataFrame:
-    """Each row's 90 % interval from the fit (analytic.fit_interval: the parameters' errors
-    and the calibration rows' scatter) and whether the measured value falls inside it."""
-    from calib.analytic import fit_interval as FI
-
-    stderrs = {n: prm[n + "_stderr"] for n in FI.TERMS if n + "_stderr" in prm}
-    base = rows["pred_iter_s"].to_numpy(dtype=float)
-
-    def times(name, se):
-        return table.iter_s({h: FI.moved(sy, name, se) for h, sy in fitted.items()})[0]
-
-    sigma = FI.param_sigma(times, stderrs, base)
-    half = FI.half_width(
-        sigma, prm.get("calibration_rmse_log", np.nan), prm.get("n_calibration_rows", 0), len(stderrs)
-    )
-    if half is None:
-        return rows
-    pred, meas = rows["predicted"].to_numpy(dtype=float), rows["measured"].to_numpy(dtype=float)
-    ratio = np.where(table.inverse, pred / meas, meas / pred)  # measured time / predicted time
-    return rows.assign(interval_pct=100.0 * np.expm1(half), inside=np.abs(np.log(ratio)) <= half)
 
 
 def _annotate(rows: pd.DataFrame, df: pd.DataFrame, base: System | None) -> pd.DataFrame:

@@ -256,3 +256,18 @@ def test_mla_projections_in_the_device_models_gemms(fitted):
     }
     gemm = {k: D.gemm_layer_s(dm, 4096.0, 7168.0, 128.0, 128.0, 18432.0, 1, "swiglu", attn=a) for k, a in (("mla", sh.attn), ("qkvo", None))}  # fmt: skip
     assert float(t["mla"] - t["qkvo"]) == pytest.approx(float(gemm["mla"] - gemm["qkvo"]), rel=1e-9)
+
+
+def test_validating_a_table_under_a_device_model_fits_nothing(fitted, tmp_path):
+    """A trace-fitted device model times every kernel itself: the table's compute
+    efficiencies would move nothing, so validate says so and predicts every row as given
+    (it used to print the fit's starting values as if fitted)."""
+    from tests.conftest import run
+
+    model, _ = fitted
+    cal = model.save(tmp_path / "h100.calib.json")
+    table = H100.parents[1] / "published" / "mosaicml_llmfoundry_fsdp_h100_bf16.csv"
+    args = ("--calibration", str(cal), "--override-hardware", "--calibrate-on", "every-third")
+    out = run("validate", str(table), *args).output
+    assert "note: no fit: the device model of h100-hf times every kernel" in out
+    assert "fit (compute)" not in out and "held-out rows 52:" in out

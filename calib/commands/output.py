@@ -213,7 +213,7 @@ def search_text(summary: dict, table: pd.DataFrame, per_gpus: pd.DataFrame | Non
 def validate_text(info: dict, rows: pd.DataFrame) -> str:
     s = info["summary"]
     out = [f"table {info['table']} ({info['format']}, {info['rows']} rows); {info['split']}"]
-    fit = {k: v for k, v in info["fit"].items() if k not in ("fit", "at_bound", "not_identified")}
+    fit = {k: v for k, v in info["fit"].items() if k not in ("fit", "at_bound", "not_identified", "notes")}
     if fit:
         parts = []
         for k, v in fit.items():
@@ -256,7 +256,7 @@ def validate_text(info: dict, rows: pd.DataFrame) -> str:
     out += [
         f"warning: fitted {b} (the fit wanted a value outside it)" for b in info["fit"].get("at_bound", [])
     ]
-    out += [f"note: {b}" for b in info["fit"].get("not_identified", [])]
+    out += [f"note: {b}" for b in (*info["fit"].get("not_identified", []), *info["fit"].get("notes", []))]
     if "n_predicted_oom" in s:
         terms = ", ".join(f"{k} {v}" for k, v in s["predicted_oom_terms"].items())
         out.append(
