@@ -272,6 +272,11 @@ def validate_text(info: dict, rows: pd.DataFrame) -> str:
     view["measured"] = view["measured"].map(lambda v: f"{v:.4g}")
     view["predicted"] = view["predicted"].map(lambda v: f"{v:.4g}")
     view["err_pct"] = view["err_pct"].map(lambda v: f"{v:+.2f}")
+    if "interval_pct" in rows and rows["interval_pct"].notna().any():  # the fit's 90 % interval
+        inside = rows["inside"].map(lambda v: "in" if v is True or v == 1 else "OUT")
+        view["90% ±"] = [
+            "" if np.isnan(h) else f"{h:.3g} % {i}" for h, i in zip(rows["interval_pct"], inside, strict=True)
+        ]
     if rows["oom"].any():
         view["note"] = np.where(rows["oom"], "model says OOM: " + rows["oom_term"].astype(str), "")
     out += ["", _indent(view.rename(columns={"err_pct": "err %"}).to_string(index=False))]
