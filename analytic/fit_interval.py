@@ -25,12 +25,18 @@ import numpy as np
 from calib.analytic.machine import ATTN_EFF_RATIO_KEY, VECTOR_PASSES_KEY
 
 LEVEL = 0.90
-#: fitted quantities an interval moves (a System field or the GEMM curve's y_max / x_half)
-TERMS = ("gemm_y_max", "gemm_x_half_flop", "vector_passes", "attn_eff_ratio")
+#: fitted quantities an interval moves (a System field, the GEMM curve's y_max / x_half, or
+#: the inter-node bus bandwidth's scale, moved by a relative amount)
+TERMS = ("gemm_y_max", "gemm_x_half_flop", "vector_passes", "attn_eff_ratio", "net_busbw_scale")
 
 
 def moved(system, name: str, delta: float):
-    """``system`` with the fitted quantity ``name`` moved by ``delta`` (its own units)."""
+    """``system`` with the fitted quantity ``name`` moved by ``delta`` (its own units; for the
+    network scale, relative: the inter-node busbw times 1 + delta)."""
+    if name == "net_busbw_scale":
+        from calib.analytic.vfit import scaled_network
+
+        return scaled_network(system, 1.0 + delta)
     if name == "vector_passes":
         return replace(system, vector_passes=system.vector_passes + delta)
     if name == "attn_eff_ratio":
@@ -96,6 +102,10 @@ def saved_stderrs(system) -> dict[str, float]:
         v = prov.get(key)
         if isinstance(v, dict) and isinstance(v.get("stderr"), (int, float)):
             out[name] = float(v["stderr"])
+    src = prov.get("source")
+    fit = prov.get("fit") or (src.get("fit") if isinstance(src, dict) else None) or {}
+    if fit.get("net_busbw_scale") and isinstance(fit.get("net_busbw_scale_stderr"), (int, float)):
+        out["net_busbw_scale"] = float(fit["net_busbw_scale_stderr"]) / float(fit["net_busbw_scale"])
     return out
 
 
@@ -158,6 +168,8 @@ def with_interval(rows, table, fitted: dict, prm: dict):
     the fit (the parameters' errors and the calibration rows' scatter) and whether the
     measured value falls inside it."""
     stderrs = {n: prm[n + "_stderr"] for n in TERMS if n + "_stderr" in prm}
+    if "net_busbw_scale" in stderrs and prm.get("net_busbw_scale"):  # moved relatively
+        stderrs["net_busbw_scale"] = stderrs["net_busbw_scale"] / prm["net_busbw_scale"]
     base = rows["pred_iter_s"].to_numpy(dtype=float)
 
     def times(name, se):

@@ -31,7 +31,7 @@ from scipy.optimize import least_squares
 
 from calib.core.errors import InputError
 
-FITS = ("compute", "gemm", "ymax", "none")
+FITS = ("compute", "network", "gemm", "ymax", "none")
 
 #: End-to-end times cannot separate the transformer-kernel share k2 from the GEMM
 #: efficiency (both scale the same FLOP time), so a fit folds k2 into gemm_y_max.
@@ -56,10 +56,14 @@ def with_gemm(
 #: fit name -> fitted quantities (log10 for x_half)
 FIT_PARAMS = {
     "compute": ("gemm_y_max", "vector_passes", "attn_eff_ratio"),
+    # + the inter-node bus bandwidth over the machine's stated one, as the software ran it
+    # (kept only where identified, like the attention ratio)
+    "network": ("gemm_y_max", "vector_passes", "attn_eff_ratio", "net_busbw_scale"),
     "gemm": ("gemm_y_max", "gemm_x_half_flop"),
     "ymax": ("gemm_y_max",),
 }
-_START = {"gemm_y_max": 0.6, "gemm_x_half_flop": 9.3, "vector_passes": 5.0, "attn_eff_ratio": 1.0}
+_START = {"gemm_y_max": 0.6, "gemm_x_half_flop": 9.3, "vector_passes": 5.0, "attn_eff_ratio": 1.0,
+          "net_busbw_scale": 1.0}  # fmt: skip
 _BOUNDS = {
     "gemm_y_max": (0.05, 1.0),
     "gemm_x_half_flop": (6.0, 14.0),
@@ -67,12 +71,16 @@ _BOUNDS = {
     # the model counts the attention core as 4 b s^2 d forward, not causal: a causal kernel
     # at the GEMMs' own efficiency would read as 2
     "attn_eff_ratio": (0.1, 2.0),
+    # a stack reaching 2 % .. 150 % of the spec's inter-node busbw (the spec's is a derated plateau)
+    "net_busbw_scale": (0.02, 1.5),
 }
-_SCALE = {"gemm_y_max": 0.1, "gemm_x_half_flop": 1.0, "vector_passes": 1.0, "attn_eff_ratio": 0.1}
+_SCALE = {"gemm_y_max": 0.1, "gemm_x_half_flop": 1.0, "vector_passes": 1.0, "attn_eff_ratio": 0.1,
+          "net_busbw_scale": 0.1}  # fmt: skip
 #: a fitted parameter is identified when |estimate| / stderr reaches Student's t at this
 #: quantile with the fit's residual degrees of freedom (two-sided 95 %)
 IDENTIFIED_QUANTILE = 0.975
-_OPTIONAL = ("attn_eff_ratio",)  # dropped (stated default) when the rows do not identify it
+#: dropped (stated default) when the rows do not identify them
+_OPTIONAL = ("attn_eff_ratio", "net_busbw_scale")
 
 
 def _apply(
@@ -101,8 +109,23 @@ def _apply(
             s = replace(s, vector_passes=float(vals["vector_passes"]))
         if "attn_eff_ratio" in vals:
             s = replace(s, attn_eff_ratio=float(vals["attn_eff_ratio"]))
+        if "net_busbw_scale" in vals:
+            s = scaled_network(s, float(vals["net_busbw_scale"]), errs.get("net_busbw_scale"), note)
         out[h] = s
     return out
+
+
+def scaled_network(system: System, factor: float, stderr: float | None = None, note: str = "") -> System:
+    """``system`` with the bus bandwidth of every collective curve across nodes times
+    ``factor`` (the curves inside a node unchanged): what the measured rows say the software
+    reached of the machine's inter-node bandwidth.  The curves carry the factor's error."""
+    curves = tuple(
+        replace(c, busbw_gbps=replace(c.busbw_gbps, value=c.busbw_gbps.value * factor,
+                stderr=None if stderr is None else c.busbw_gbps.value * stderr, note=note or c.busbw_gbps.note))
+        if c.n_nodes > 1 else c
+        for c in system.cal.collectives
+    )  # fmt: skip
+    return replace(system, cal=replace(system.cal, collectives=curves))
 
 
 def fit(
@@ -124,21 +147,21 @@ def fit(
         names = names[: max(n_rows, 1)]
     cap = _ymax_cap(systems)
     names, res, se, lo, hi = _least_squares(sub, systems, names, n_rows, cap)
-    # an optional parameter needs residual degrees of freedom left to be judged at all
-    dof = n_rows - len(names)
-    dropped = [
-        n
-        for n in _OPTIONAL
-        if n in names and (dof < 1 or not _identified(res.x[names.index(n)], se[names.index(n)], dof))
-    ]
+    # backward elimination: the least identified optional parameter goes first and the rest
+    # are judged again without it (an optional parameter needs residual degrees of freedom)
     not_identified = []
-    for n in dropped:
+    while True:
+        dof = n_rows - len(names)
+        # ties (no dof, or a singular fit: no finite errors) drop the later-listed one first
+        weak = [(_strength(res.x[i], se[i], dof), -_OPTIONAL.index(n), n) for i, n in enumerate(names) if n in _OPTIONAL]  # fmt: skip
+        weak = [w for w in weak if w[0] < 1.0]
+        if not weak:
+            break
+        n = min(weak)[2]
         i = names.index(n)
         why = "no residual degree of freedom" if dof < 1 else f"{res.x[i]:.3g} +- {se[i]:.2g}"
         not_identified.append(f"{n} not identified by the calibration rows ({why}): stated default 1 kept")
-    if dropped:
-        kept = tuple(n for n in names if n not in dropped)
-        names, res, se, lo, hi = _least_squares(sub, systems, kept, n_rows, cap)
+        names, res, se, lo, hi = _least_squares(sub, systems, tuple(x for x in names if x != n), n_rows, cap)
     note = f"fitted to {n_rows} measured row(s) of a validation table"
     fitted = _apply(systems, names, res.x, se, note)
     rel = np.expm1(res.fun)
@@ -186,12 +209,14 @@ def _least_squares(sub, systems: dict[str, System], names: Sequence[str], n_rows
     return list(names), res, se, lo, hi
 
 
-def _identified(value: float, stderr: float, dof: int) -> bool:
-    """|estimate| / stderr at least Student's t (IDENTIFIED_QUANTILE, ``dof``); a NaN error: not."""
+def _strength(value: float, stderr: float, dof: int) -> float:
+    """|estimate| / (stderr x Student's t): identified at 1 or more; 0 without a residual
+    degree of freedom or a finite error."""
+    if dof < 1 or not np.isfinite(stderr) or stderr <= 0:
+        return 0.0 if dof < 1 or not np.isfinite(stderr) else np.inf
     from scipy.stats import t as student_t
 
-    crit = float(student_t.ppf(IDENTIFIED_QUANTILE, max(int(dof), 1)))
-    return bool(np.isfinite(stderr) and abs(value) >= crit * stderr)
+    return abs(value) / (float(student_t.ppf(IDENTIFIED_QUANTILE, int(dof))) * stderr)
 
 
 def bound_hits(names: Sequence[str], x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[tuple]:

@@ -78,8 +78,8 @@ Example:
 )
 @click.option("--loo", is_flag=True, help="Leave-one-out cross-validation (the default split).")
 @click.option("--seed", type=Int(0), default=0, show_default=True, help="Random seed of --holdout.")
-@click.option("--fit", "fit_kind", type=Choice(("compute", "gemm", "ymax", "none")), default="compute", show_default=True,
-              help="compute: GEMM y_max + element-wise traffic + attention ratio (where identified); gemm: y_max + x_half; ymax: y_max only; none: no fit.")  # fmt: skip
+@click.option("--fit", "fit_kind", type=Choice(("compute", "network", "gemm", "ymax", "none")), default="compute", show_default=True,
+              help="compute: GEMM y_max + element-wise traffic + attention ratio (where identified); network: compute + the inter-node bus bandwidth over the machine's stated one (where identified); gemm: y_max + x_half; ymax: y_max only; none: no fit.")  # fmt: skip
 @machine_options
 @click.option(
     "--override-hardware",

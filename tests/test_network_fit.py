@@ -1,0 +1,63 @@
+"""``calib validate --fit network``: the inter-node bus bandwidth the software reached, as a
+fraction of the machine's stated one, fitted beside the compute efficiencies and kept only
+where the calibration rows identify it (analytic/vfit.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from calib.analytic.machine import default_calibration
+from calib.analytic.specs import load_hardware
+from calib.analytic.timemodel import System
+from calib.analytic.validate import validate
+from calib.analytic.vfit import scaled_network
+from calib.analytic.vtable import read_table
+
+PUB = Path(__file__).parents[1] / "fixtures" / "published"
+SC21T2 = PUB / "megatron_sc21_table2_ptdp_vs_zero3.csv"
+
+
+def test_scaling_moves_only_the_curves_across_nodes():
+    hw = load_hardware("dgx-a100-80gb")
+    s = System(default_calibration(hw), hw)
+    moved = scaled_network(s, 0.2, 0.02)
+    for a, b in zip(s.cal.collectives, moved.cal.collectives, strict=True):
+        if a.n_nodes > 1:
+            assert b.busbw_gbps.value == pytest.approx(0.2 * a.busbw_gbps.value)
+            assert b.busbw_gbps.stderr == pytest.approx(0.02 * a.busbw_gbps.value)
+        else:
+            assert b == a
+
+
+def test_zero3_rows_predict_each_other_once_the_network_is_fitted():
+    """SC21 Table 2, leave-one-out: with the compute efficiencies alone 29.51 % median (the
+    ZeRO-3 rows at 768-2240 GPUs far too fast); with the network scale, identified in every
+    fold at about 0.2 of the spec's 146 GB/s, 7.08 % (max 24.21 %).  Bound 10 % (observed
+    rounded up to 5 %)."""
+    df, _ = read_table(SC21T2)
+    v = validate(df, str(SC21T2), loo=True, fit_kind="network")
+    lo, hi = v.params["net_busbw_scale_range"]
+    assert 0.15 < lo <= hi < 0.25
+    assert v.summary["median_abs_pct"] < 10.0
+    assert validate(df, str(SC21T2), loo=True).summary["median_abs_pct"] > 25.0
+
+
+def test_not_identified_without_residual_freedom_and_then_identical_to_compute():
+    """Every third row of SC21 Table 2 is 4 rows for 4 parameters: the network scale (and the
+    attention ratio) cannot be judged, are dropped, and the fit is the compute one."""
+    df, _ = read_table(SC21T2)
+    net = validate(df, str(SC21T2), calibrate_on="every-third", fit_kind="network")
+    comp = validate(df, str(SC21T2), calibrate_on="every-third")
+    assert any(n.startswith("net_busbw_scale not identified") for n in net.params["not_identified"])
+    assert net.summary["median_abs_pct"] == pytest.approx(comp.summary["median_abs_pct"], rel=1e-12)
+
+
+def test_a_parameter_a_table_cannot_see_does_not_take_another_with_it():
+    """The FP8 section runs on one node: inter-node bandwidth moves nothing, the 4-parameter
+    fit is singular, and backward elimination drops the network scale first, so the attention
+    ratio is judged as in the compute fit (leave-one-out identical)."""
+    path = PUB / "mosaicml_llmfoundry_fsdp_h100_fp8.csv"
+    df, _ = read_table(path)
+    net = validate(df, str(path), loo=True, fit_kind="network").summary["median_abs_pct"]
+    assert net == pytest.approx(validate(df, str(path), loo=True).summary["median_abs_pct"], rel=1e-9)
