@@ -191,11 +191,17 @@ class Table:
         term = np.full(len(self.df), "", dtype=object)
         for g, (h, idx, model, st) in enumerate(self.groups):
             system = systems[h]
-            # fits change compute parameters only: reuse collective times per calibration
+            # compute fits keep the collectives: reuse their times per calibration
+            # (keyed by identity, the objects held with the times so that no id is reused)
             key = (g, h, id(system.cal.collectives), id(system.cal.network), system.gpus_per_node)
-            if key not in self._comm:
-                self._comm[key] = comm_times(model, system, st)
-            r = evaluate(model, system, st, self._comm[key])
+            hit = self._comm.get(key)
+            if hit is None or hit[0] is not system.cal.collectives or hit[1] is not system.cal.network:
+                hit = self._comm[key] = (
+                    system.cal.collectives,
+                    system.cal.network,
+                    comm_times(model, system, st),
+                )
+            r = evaluate(model, system, st, hit[2])
             it[idx] = r["iter_s"]
             oom[idx] = r["oom"]
             term[idx] = overflow_term(r, system.hw.hbm_bytes)
