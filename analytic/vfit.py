@@ -5,12 +5,15 @@ optionally its half-saturation work x_half, the element-wise HBM traffic factor 
 attention core's efficiency over the GEMMs' (``attn_eff_ratio``: fused attention kernels
 are not GEMMs -- online softmax, exponentials on the special-function units, a recomputing
 backward -- and a trace-fitted device model times them on their own), each bounded to its
-physical range.  The attention ratio is kept only where the calibration rows identify it
+physical range; with ``network`` also the inter-node bus bandwidth's scale over the
+machine's stated one (:func:`scaled_network`: what the software reached).  The attention
+ratio and the network scale are kept only where the calibration rows identify them
 (at least one residual degree of freedom, and the estimate significantly different from
 zero: |value| / stderr at least Student's t at 97.5 % with the fit's residual degrees of
 freedom -- 12.7 with one, 2.0 with many -- i.e. rows whose attention share differs:
 different sequence lengths or widths); otherwise the fit is repeated without it and the
-stated default 1 stands, said in ``not_identified``.  The GEMM plateau's upper bound is the
+stated default 1 stands, said in ``not_identified`` (several: backward elimination, the
+least identified first).  The GEMM plateau's upper bound is the
 device's measured maximum achievable matmul over its peak, where the preset has one.  A
 parameter that ends on a bound is named in the fit's ``at_bound`` lines: the fit wanted a
 value outside that range, so the parameter absorbs model error rather than measuring an
