@@ -72,13 +72,19 @@ def param_sigma(times, stderrs: dict[str, float], base_s) -> np.ndarray:
     return np.sqrt(var)
 
 
-def fit_stats(cal) -> dict | None:
-    """The fit's (n rows, k parameters, rmse) stored by ``--save-calibration``, also under a
-    transfer's ``provenance.source``; None for a calibration no validation fitted."""
+def _fit_record(cal) -> dict:
+    """The validation fit stored by ``--save-calibration`` (``provenance.fit``, under a
+    transfer ``provenance.source.fit``); {} for a calibration no validation fitted."""
     prov = cal.provenance or {}
     src = prov.get("source")
     fit = prov.get("fit") or (src.get("fit") if isinstance(src, dict) else None)
-    if not isinstance(fit, dict) or "n_calibration_rows" not in fit:
+    return fit if isinstance(fit, dict) else {}
+
+
+def fit_stats(cal) -> dict | None:
+    """The fit's (n rows, k parameters, rmse); None for a calibration no validation fitted."""
+    fit = _fit_record(cal)
+    if "n_calibration_rows" not in fit:
         return None
     k = sum(1 for t in TERMS if t in fit)
     return {
@@ -102,8 +108,7 @@ def saved_stderrs(system) -> dict[str, float]:
         v = prov.get(key)
         if isinstance(v, dict) and isinstance(v.get("stderr"), (int, float)):
             out[name] = float(v["stderr"])
-    src = prov.get("source")
-    fit = prov.get("fit") or (src.get("fit") if isinstance(src, dict) else None) or {}
+    fit = _fit_record(system.cal)
     if fit.get("net_busbw_scale") and isinstance(fit.get("net_busbw_scale_stderr"), (int, float)):
         out["net_busbw_scale"] = float(fit["net_busbw_scale_stderr"]) / float(fit["net_busbw_scale"])
     return out

@@ -92,18 +92,11 @@ def uses_mla(model) -> bool:
 def attention_proj_params(model) -> np.ndarray:
     """Weights of one layer's attention projections, before TP (module docstring): MLA's
     low-rank projections where any MLA field is set, else (2 + 2 kv/a) d^2 exactly."""
-    ex = model.shape_extras
-    d = np.asarray(model.d_model, dtype=float)
-    a = np.asarray(model.n_heads, dtype=float)
-    kv = np.asarray(ex["kv"], dtype=float)
-    if not uses_mla(model):
-        return F.attention_matrix_params(d, kv / a)
-    h_qk = float(ex.get("qk_head_dim") or 0) or d / a
-    h_v = float(ex.get("v_head_dim") or 0) or d / a
-    q_r, kv_r, rope = (float(getattr(model, f) or 0) for f in MLA_FIELDS)
-    q = np.where(q_r > 0, d * q_r + q_r * a * h_qk, d * a * h_qk)
-    k_v = np.where(kv_r > 0, d * (kv_r + rope) + kv_r * a * (h_qk - rope + h_v), d * kv * (h_qk + h_v))
-    return q + k_v + a * h_v * d
+    linears = attention_linears(model)
+    if linears is None:
+        d, a = np.asarray(model.d_model, dtype=float), np.asarray(model.n_heads, dtype=float)
+        return F.attention_matrix_params(d, np.asarray(model.shape_extras["kv"], dtype=float) / a)
+    return np.asarray(sum(i * o for i, o, _ in linears), dtype=float)  # the shapes, written once
 
 
 def attention_linears(model) -> tuple | None:
@@ -133,14 +126,7 @@ def _mlp(model, mats: float) -> tuple[float, float, float]:
     """(total, active, of them routed per expert) MLP weights of one block of the last layer's kind."""
     from calib.analytic import moe as MOE
 
-    d = float(model.d_model)
-    m = MOE.terms(model)
-    if m["E"] == 0:
-        dense = mats * d * float(model.ffn_size)
-        return dense, dense, 0.0
-    one = float(MOE.expert_params(d, m["f_e"], mats))
-    router = d * m["E"]
-    return (m["E"] + m["n_sh"]) * one + router, (m["k"] + m["n_sh"]) * one + router, one
+    return MOE.layer_mlp_params(model, mats)
 
 
 def mtp_params(model) -> tuple[float, float]:

@@ -103,11 +103,21 @@ def total_and_active_params(model) -> tuple[float, float]:
     dense = L * attn + L_dense * mats * d * float(model.ffn_size) + emb
     if m["E"] == 0:
         return dense, dense
+    layer_total, layer_active, _ = layer_mlp_params(model, mats)
+    return dense + m["L_moe"] * layer_total, dense + m["L_moe"] * layer_active
+
+
+def layer_mlp_params(model, mats: float) -> tuple[float, float, float]:
+    """(total, active, one routed expert's) MLP weights of one MoE layer -- routed and shared
+    experts and the router -- or of one dense layer's MLP (no experts: its own, 0)."""
+    d = float(model.d_model)
+    m = terms(model)
+    if m["E"] == 0:
+        dense = mats * d * float(model.ffn_size)
+        return dense, dense, 0.0
     one = float(expert_params(d, m["f_e"], mats))
-    router = m["L_moe"] * d * m["E"]
-    total = dense + m["L_moe"] * (m["E"] + m["n_sh"]) * one + router
-    active = dense + m["L_moe"] * (m["k"] + m["n_sh"]) * one + router
-    return total, active
+    router = d * m["E"]
+    return (m["E"] + m["n_sh"]) * one + router, (m["k"] + m["n_sh"]) * one + router, one
 
 
 def forward_flops_per_token(model) -> float:
