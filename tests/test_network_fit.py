@@ -61,3 +61,14 @@ def test_a_parameter_a_table_cannot_see_does_not_take_another_with_it():
     df, _ = read_table(path)
     net = validate(df, str(path), loo=True, fit_kind="network").summary["median_abs_pct"]
     assert net == pytest.approx(validate(df, str(path), loo=True).summary["median_abs_pct"], rel=1e-9)
+
+
+def test_an_unknown_fit_is_one_line_naming_the_choices(tmp_path):
+    """A misspelt --fit is refused in one line that names every fit, network included, and
+    --save-calibration writes nothing."""
+    from tests.conftest import bad
+
+    store = tmp_path / "store"
+    err = bad("validate", str(SC21T2), "--fit", "netwrk", "--store", str(store), "--save-calibration", "x")
+    assert "'netwrk' is not one of compute, network, gemm, ymax, none" in str(err)
+    assert not store.exists() or not any(store.rglob("*.json"))
