@@ -290,7 +290,7 @@ def validate(
     calibrate_on: str | None = None,
     holdout: float | None = None,
     loo: bool = False,
-    fit_kind: str = "compute",
+    fit_kind: str = "network",
     seed: int = 0,
     progress=None,
 ) -> Validation:

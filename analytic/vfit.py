@@ -1,6 +1,6 @@
 """Least-squares fits of the compute efficiencies a measured table can identify.
 
-Used by :mod:`analytic.validate`: the GEMM-efficiency plateau y_max (with k2 folded in),
+Used by :mod:`analytic.validate` (``network``, the default fit): the GEMM-efficiency plateau y_max (with k2 folded in),
 optionally its half-saturation work x_half, the element-wise HBM traffic factor and the
 attention core's efficiency over the GEMMs' (``attn_eff_ratio``: fused attention kernels
 are not GEMMs -- online softmax, exponentials on the special-function units, a recomputing
@@ -13,7 +13,8 @@ zero: |value| / stderr at least Student's t at 97.5 % with the fit's residual de
 freedom -- 12.7 with one, 2.0 with many -- i.e. rows whose attention share differs:
 different sequence lengths or widths); otherwise the fit is repeated without it and the
 stated default 1 stands, said in ``not_identified`` (several: backward elimination, the
-least identified first).  The GEMM plateau's upper bound is the
+least identified first; with no residual degree of freedom to judge them by, the one whose
+relative change moves the calibration rows least, :func:`_elasticity`).  The GEMM plateau's upper bound is the
 device's measured maximum achievable matmul over its peak, where the preset has one.  A
 parameter that ends on a bound is named in the fit's ``at_bound`` lines: the fit wanted a
 value outside that range, so the parameter absorbs model error rather than measuring an
@@ -132,7 +133,7 @@ def scaled_network(system: System, factor: float, stderr: float | None = None, n
 
 
 def fit(
-    table, systems: dict[str, System], rows: np.ndarray, kind: str = "compute"
+    table, systems: dict[str, System], rows: np.ndarray, kind: str = "network"
 ) -> tuple[dict[str, System], dict]:
     """Least-squares fit of the compute-efficiency parameters of ``kind`` on ``rows``.
 
@@ -155,8 +156,8 @@ def fit(
     not_identified = []
     while True:
         dof = n_rows - len(names)
-        # ties (no dof, or a singular fit: no finite errors) drop the later-listed one first
-        weak = [(_strength(res.x[i], se[i], dof), -_OPTIONAL.index(n), n) for i, n in enumerate(names) if n in _OPTIONAL]  # fmt: skip
+        # ties (no dof, or a singular fit: no finite errors) drop the one the rows move least first
+        weak = [(_strength(res.x[i], se[i], dof), _elasticity(res, i), n) for i, n in enumerate(names) if n in _OPTIONAL]  # fmt: skip
         weak = [w for w in weak if w[0] < 1.0]
         if not weak:
             break
@@ -210,6 +211,12 @@ def _least_squares(sub, systems: dict[str, System], names: Sequence[str], n_rows
     except np.linalg.LinAlgError:
         se = np.full(len(names), np.nan)
     return list(names), res, se, lo, hi
+
+
+def _elasticity(res, i: int) -> float:
+    """How much the calibration rows' log times move per relative change of parameter i:
+    |x_i| * ||d residuals / d x_i|| (dimensionless, so parameters of any unit compare)."""
+    return float(abs(res.x[i]) * np.linalg.norm(res.jac[:, i]))
 
 
 def _strength(value: float, stderr: float, dof: int) -> float:

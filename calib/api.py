@@ -351,7 +351,7 @@ def validate(
     calibrate_on: str | None = None,
     holdout: float | None = None,
     loo: bool = False,
-    fit: str = "compute",
+    fit: str = "network",
     seed: int = 0,
     override_hardware: bool = False,
 ) -> Validation:

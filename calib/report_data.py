@@ -153,7 +153,7 @@ def run_validation(spec: PredictSpec, v: ValidateSpec) -> ValidationOut:
 
     path = table_path(spec, v.table)
     df, fmt = read_table(path, "auto")
-    res = validate(df, str(path), None, v.calibrate_on, None, v.calibrate_on is None, "compute", 0)
+    res = validate(df, str(path), None, v.calibrate_on, None, v.calibrate_on is None, "network", 0)
     return ValidationOut(v, str(path), fmt, res.split, res.rows, res.summary)
 
 

@@ -37,7 +37,7 @@ def test_a_few_rows_must_clear_students_t():
     path = PUB / "mosaicml_llmfoundry_fsdp_h100_fp8.csv"
     df, _ = read_table(path)
     p = validate(df, str(path), calibrate_on="every-third").params
-    assert "attn_eff_ratio" not in p and "(0.467 +- 0.18)" in p["not_identified"][0]
+    assert "attn_eff_ratio" not in p and any("(0.467 +- 0.18)" in n for n in p["not_identified"])
 
 
 def test_one_sequence_length_leaves_the_stated_default():

@@ -91,22 +91,23 @@ def test_leave_one_out_intervals_cover_the_rows():
 
 def test_the_summary_states_the_bias():
     """Signed median and how many held-out rows are predicted above their measured value:
-    the H100 BF16 table's every-third split, observed +1.05 % and 21 of 34, from the rows."""
+    the H100 BF16 table's every-third split, observed +1.19 % and 19 of 34, from the rows."""
     path = PUB / "mosaicml_llmfoundry_fsdp_h100_bf16.csv"
     df, _ = read_table(path)
     v = validate(df, str(path), calibrate_on="every-third")
     held = v.rows.loc[v.rows["role"] == "held-out", "err_pct"]
     assert v.summary["median_signed_pct"] == pytest.approx(float(np.median(held)))
-    assert v.summary["n_predicted_above"] == int((held > 0).sum()) == 21
+    assert v.summary["n_predicted_above"] == int((held > 0).sum()) == 19
 
 
 def test_the_row_table_shows_each_rows_interval():
     """The text output's per-row table carries the 90 % half-width and whether the row is
-    inside it (SC21 Table 2: its two ZeRO-3 rows at 1536 and 2240 GPUs are OUT)."""
+    inside it (SC21 Table 2, every third row: the 530B ZeRO-3 rows at 1120 and 2240 GPUs,
+    predicted 25 % too slow, are OUT)."""
     out = run(
         "validate", str(PUB / "megatron_sc21_table2_ptdp_vs_zero3.csv"), "--calibrate-on", "every-third"
     ).output
     lines = [ln for ln in out.splitlines() if ln.strip().startswith("sc21t2-")]
     assert "90% ±" in out and len(lines) == 12
     outside = sorted(ln.split()[0] for ln in lines if " OUT" in ln)
-    assert outside == ["sc21t2-zero-3-175b-1536gpu", "sc21t2-zero-3-530b-2240gpu"]
+    assert outside == ["sc21t2-zero-3-530b-1120gpu", "sc21t2-zero-3-530b-2240gpu"]

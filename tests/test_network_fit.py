@@ -40,17 +40,25 @@ def test_zero3_rows_predict_each_other_once_the_network_is_fitted():
     lo, hi = v.params["net_busbw_scale_range"]
     assert 0.15 < lo <= hi < 0.25
     assert v.summary["median_abs_pct"] < 10.0
-    assert validate(df, str(SC21T2), loo=True).summary["median_abs_pct"] > 25.0
+    assert validate(df, str(SC21T2), loo=True, fit_kind="compute").summary["median_abs_pct"] > 25.0
 
 
-def test_not_identified_without_residual_freedom_and_then_identical_to_compute():
-    """Every third row of SC21 Table 2 is 4 rows for 4 parameters: the network scale (and the
-    attention ratio) cannot be judged, are dropped, and the fit is the compute one."""
+def test_without_residual_freedom_the_parameter_the_rows_move_least_goes_first():
+    """Every third row of SC21 Table 2 is 4 rows for 4 parameters: with no residual degree of
+    freedom neither optional parameter can be judged, so the one whose relative change moves
+    the calibration rows least goes first (vfit._elasticity): the attention ratio, at one
+    sequence length.  The network scale is then judged with one degree of freedom and kept
+    (0.154 +- 0.004 clears t(0.975, 1) = 12.7 by far: the two ZeRO-3 rows at 384 and 640 GPUs
+    see it), and the held-out rows come out at 10.17 % median against 34.47 % with the compute
+    fit.  Bounds: 15 % and 25 % (observed rounded to 5 %)."""
     df, _ = read_table(SC21T2)
-    net = validate(df, str(SC21T2), calibrate_on="every-third", fit_kind="network")
-    comp = validate(df, str(SC21T2), calibrate_on="every-third")
-    assert any(n.startswith("net_busbw_scale not identified") for n in net.params["not_identified"])
-    assert net.summary["median_abs_pct"] == pytest.approx(comp.summary["median_abs_pct"], rel=1e-12)
+    net = validate(df, str(SC21T2), calibrate_on="every-third")
+    comp = validate(df, str(SC21T2), calibrate_on="every-third", fit_kind="compute")
+    assert net.params["fit"] == "network"  # the default
+    assert [n.split()[0] for n in net.params["not_identified"]] == ["attn_eff_ratio"]
+    scale, se = net.params["net_busbw_scale"], net.params["net_busbw_scale_stderr"]
+    assert 0.1 < scale < 0.25 and scale >= 12.7 * se
+    assert net.summary["median_abs_pct"] < 15.0 < 25.0 < comp.summary["median_abs_pct"]
 
 
 def test_a_parameter_a_table_cannot_see_does_not_take_another_with_it():

@@ -39,14 +39,16 @@ def _folds(it):
     help="""Predict every row of a measured table and report per-row and summary errors.
 
 \b
-The compute-efficiency parameters the tables can identify (GEMM efficiency y_max, capped
-at the device's measured achievable matmul; the element-wise traffic factor; the attention
-core's efficiency over the GEMMs', kept only where the rows identify it; --fit) are fitted
-by least squares on a stated subset and errors are reported on the other rows only:
+The efficiencies the tables can identify (GEMM efficiency y_max, capped at the device's
+measured achievable matmul; the element-wise traffic factor; the attention core's
+efficiency over the GEMMs' and the inter-node bus bandwidth the software reached, these two
+kept only where the rows identify them; --fit) are fitted by least squares on a stated
+subset and errors are reported on the other rows only:
   --calibrate-on ROWS   1-based rows, ranges (3-5), labels or group tags, e.g. 1,4,7,10 or full
   --calibrate-on every-third   rows 1, 4, 7, ... by position (chosen before any error is seen)
   --holdout FRACTION    a seeded random fraction held out
   --loo                 leave-one-out: each row predicted by a fit to all the others (default)
+  --fit compute         the network as stated (no bandwidth scale fitted)
   --fit none            the calibration as given, every row held out
 Errors are predicted/measured - 1 of the measured quantity (s, TFLOP/s or tokens/s), in %;
 the summary gives the median, mean and max absolute error over held-out rows, how many
@@ -78,8 +80,8 @@ Example:
 )
 @click.option("--loo", is_flag=True, help="Leave-one-out cross-validation (the default split).")
 @click.option("--seed", type=Int(0), default=0, show_default=True, help="Random seed of --holdout.")
-@click.option("--fit", "fit_kind", type=Choice(("compute", "network", "gemm", "ymax", "none")), default="compute", show_default=True,
-              help="compute: GEMM y_max + element-wise traffic + attention ratio (where identified); network: compute + the inter-node bus bandwidth over the machine's stated one (where identified); gemm: y_max + x_half; ymax: y_max only; none: no fit.")  # fmt: skip
+@click.option("--fit", "fit_kind", type=Choice(("compute", "network", "gemm", "ymax", "none")), default="network", show_default=True,
+              help="network: GEMM y_max + element-wise traffic + attention ratio + the inter-node bus bandwidth over the machine's stated one (the last two where identified); compute: the same with the network as stated; gemm: y_max + x_half; ymax: y_max only; none: no fit.")  # fmt: skip
 @machine_options
 @click.option(
     "--override-hardware",
