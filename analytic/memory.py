@@ -6,7 +6,8 @@ data-parallel group of size d, ZeRO-1 shards the 12, ZeRO-2 also the gradients, 
 everything:
 
     ZeRO-0  16 P        ZeRO-1  4 P + 12 P / d
-    ZeRO-2  2 P + 14 P / d      ZeRO-3  16 P / d   (+ two gathered layers in flight)
+    ZeRO-2  2 P + 14 P / d      ZeRO-3  16 P / d   (+ the gathered parameters in flight:
+    FSDP two layers; DeepSpeed at most stage3_max_live_parameters, analytic.zero_overlap)
 
 Activations: Korthikanti et al.'s bytes per layer, generalised to the layer's MLP width,
 K/V heads and MLP kind (formulas.activation_bytes_layer), for
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 from calib.analytic import formulas as F
+from calib.analytic.zero_overlap import live_gathered_params
 from numpy.typing import ArrayLike
 
 BYTES_WEIGHT, BYTES_GRAD, BYTES_OPTIMIZER = 2.0, 2.0, 12.0
@@ -72,12 +74,16 @@ def logits_bytes(b: ArrayLike, s: ArrayLike, V: ArrayLike, t: ArrayLike, p: Arra
 def memory_per_gpu(
     params: ArrayLike, d_model: ArrayLike, t: ArrayLike, dp: ArrayLike, zero: ArrayLike,
     activations: ArrayLike, reserve_bytes: float, logits: ArrayLike | None = None,
+    deepspeed_live: tuple | None = None,
 ) -> dict[str, np.ndarray]:  # fmt: skip
     """Weights, gradients, optimizer states, activations (and, given separately, logits) and
-    their total (with the reserve)."""
+    their total (with the reserve).  ZeRO-3 also holds two gathered layers of 12 d^2 / t, or
+    with ``deepspeed_live`` = (largest matrix, is DeepSpeed) DeepSpeed's live-parameter cap
+    (:func:`analytic.zero_overlap.live_gathered_params`)."""
     weights, grads, optim = zero_states_bytes(params, dp, zero)
     d = np.asarray(d_model, dtype=float)
-    gathered = GATHERED_LAYERS * BYTES_WEIGHT * 12.0 * d * d / np.asarray(t, dtype=float)
+    two = GATHERED_LAYERS * 12.0 * d * d / np.asarray(t, dtype=float)
+    gathered = BYTES_WEIGHT * (two if deepspeed_live is None else live_gathered_params(two, *deepspeed_live))
     weights = weights + np.where(np.asarray(zero) == 3, gathered, 0.0)
     lg = np.asarray(0.0 if logits is None else logits, dtype=float)
     acts = np.asarray(activations, dtype=float) + lg

@@ -377,11 +377,15 @@ def evaluate(
         lg = logits_bytes(b, s_loc, V, t, p)
         one = F.activation_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, ffn_c / d, kv_frac, mats, drop)
         acts = acts + MLA.mtp_activation_bytes(model, p, one, lg, st.schedule)  # analytic.mla
+        big = ZO.largest_matrix(d, t, ffn_c, kv_frac)  # DeepSpeed ZeRO-3 holds at least it gathered
         if st.is_modern or X.MOE.is_moe(model):
             mem = X.memory(model, sm, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc,
-                           hw.runtime_reserve_gb * 1e9, lg)  # fmt: skip
+                           hw.runtime_reserve_gb * 1e9, lg, big)  # fmt: skip
         else:
-            mem = memory_per_gpu(params_gpu, d, t, g_mem, sm.zero, acts, hw.runtime_reserve_gb * 1e9, lg)
+            ds = sm.zero_impl == DX.DEEPSPEED
+            mem = memory_per_gpu(
+                params_gpu, d, t, g_mem, sm.zero, acts, hw.runtime_reserve_gb * 1e9, lg, (big, ds)
+            )
     if lean:
         return {
             "iter_s": iter_s,

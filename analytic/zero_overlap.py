@@ -54,6 +54,9 @@ ZERO3_OVERLAP_FRACTION = 0.75
 #: "reduce_bucket_size": 5e8, both in elements)
 DS_PERSISTENCE_THRESHOLD = 1e5
 DS_REDUCE_BUCKET = 5e8
+#: DeepSpeed ZeRO-3 default ``stage3_max_live_parameters`` (elements;
+#: deepspeed/runtime/zero/config.py ``max_live_parameters: int = Field(1e9, ...)``)
+DS_MAX_LIVE_PARAMETERS = 1e9
 
 
 def collective_counts(
@@ -71,6 +74,27 @@ def collective_counts(
     ds_rs = np.maximum(np.ceil(np.asarray(stage_params, dtype=float) / DS_REDUCE_BUCKET), 1.0)
     ds = np.asarray(deepspeed, dtype=bool)
     return np.where(ds, ds_ag, per_module), np.where(ds, ds_rs, per_module)
+
+
+def largest_matrix(d, t, ffn, kv_frac) -> np.ndarray:
+    """Parameters of a layer's largest weight matrix on one TP rank: the fused QKV or one MLP
+    matrix."""
+    d, t, ffn, kv = (np.asarray(x, dtype=float) for x in (d, t, ffn, kv_frac))
+    return np.maximum((1.0 + 2.0 * kv) * d * d, d * ffn) / t
+
+
+def live_gathered_params(two_layers, largest_matrix, deepspeed) -> np.ndarray:
+    """Gathered (unsharded) parameters ZeRO-3 holds at once on one GPU.
+
+    FSDP: two wrapped layers, the one computing and the one prefetched
+    (``memory.GATHERED_LAYERS``).  DeepSpeed gathers and releases module by module (each
+    ``Linear``), and its prefetcher stops once ``stage3_max_live_parameters`` are resident
+    (``PartitionedParameterCoordinator``): at most that many, but at least the largest
+    matrix, which has to be whole to run -- and never more than the two layers.
+    """
+    two = np.asarray(two_layers, dtype=float)
+    ds = np.minimum(two, np.maximum(DS_MAX_LIVE_PARAMETERS, np.asarray(largest_matrix, dtype=float)))
+    return np.where(np.asarray(deepspeed, dtype=bool), ds, two)
 
 
 def exposed_s(
