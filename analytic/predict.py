@@ -24,6 +24,7 @@ from calib.analytic.modern import check_modern, stack_notes
 from calib.analytic.specs import ModelSpec
 from calib.analytic.strategy import Strategies, check_config
 from calib.analytic.timemodel import TIME_KEYS, System, evaluate
+from calib.calibrate.params import DEFAULT
 
 GB = 1e9
 
@@ -130,7 +131,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     df["mfu"] = r["mfu"]
     df = df.assign(**scaling(df))
     notes = [f"scaling relative to {gpus[0]} GPUs", *stack_notes(model, plan, system)]
-    notes += attention_note(model, plan.flash_attention)
+    notes += attention_note(model, plan.flash_attention) + network_note(system, plan.zero, max(gpus))
     if plan.fused_layers and system.device_model is not None:
         notes.append(
             "fused layers: not applied -- the device model's layer terms are fitted on the traced kernels"
@@ -190,4 +191,33 @@ def attention_note(model, flash_attention: bool) -> list[str]:
         f"attention unfused (the s x s scores kept and moved, as Megatron ran GPT-3 in 2021); at s = "
         f"{model.seq_len} a stack with fused attention (FlashAttention, cuDNN / PyTorch SDPA) wants the "
         "flash-attention option"
+    ]
+
+
+#: what the published tables whose rows identify it put sharded data parallelism at, as a
+#: fraction of the stated inter-node busbw (validation's network fit; docs/analytic.md)
+SHARDED_DP_SCALE_SEEN = "0.15-0.4"
+
+
+def network_note(system: System, zero_stages, max_gpus: int) -> list[str]:
+    """A note when ZeRO-3 spans nodes over the machine's stated (default) inter-node busbw:
+    every published table that identifies the bandwidth sharded data parallelism reached put
+    it well below the stated one, so such times are likely optimistic."""
+    if 3 not in set(np.atleast_1d(zero_stages).tolist()) or max_gpus <= system.gpus_per_node:
+        return []
+    across = [c for c in system.cal.collectives if c.n_nodes > 1]
+    if not across or any(c.busbw_gbps.status != DEFAULT for c in across):
+        return []  # measured (calib fit) or fitted to measured rows
+    from calib.analytic.machine import default_calibration
+
+    stated = max(
+        (c.busbw_gbps.value for c in default_calibration(system.hw).collectives if c.n_nodes > 1), default=0.0
+    )
+    if max(c.busbw_gbps.value for c in across) < 0.9 * stated:
+        return []  # a fitted fraction carried to this machine (a transfer)
+    return [
+        "ZeRO-3 across nodes is timed at the machine's stated inter-node bus bandwidth (a default, not a "
+        f"measurement); the published tables that identify it put sharded data parallelism at {SHARDED_DP_SCALE_SEEN} "
+        "of it (validation's network fit), so these times may be optimistic: calibrate on measured runs of "
+        "your stack (a validation fit saved as a calibration, or nccl-tests logs)"
     ]

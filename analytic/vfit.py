@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 import numpy as np
 from calib.analytic.machine import ATTN_EFF_RATIO_KEY, VECTOR_PASSES_KEY, achievable_fraction
 from calib.analytic.timemodel import System
-from calib.calibrate.calibration import FIXED, Calibration, FitQuality, Param, Saturating
+from calib.calibrate.calibration import FITTED, FIXED, Calibration, FitQuality, Param, Saturating
 from scipy.optimize import least_squares
 
 from calib.core.errors import InputError
@@ -124,7 +124,7 @@ def scaled_network(system: System, factor: float, stderr: float | None = None, n
     ``factor`` (the curves inside a node unchanged): what the measured rows say the software
     reached of the machine's inter-node bandwidth.  The curves carry the factor's error."""
     curves = tuple(
-        replace(c, busbw_gbps=replace(c.busbw_gbps, value=c.busbw_gbps.value * factor,
+        replace(c, busbw_gbps=replace(c.busbw_gbps, value=c.busbw_gbps.value * factor, status=FITTED,
                 stderr=None if stderr is None else c.busbw_gbps.value * stderr, note=note or c.busbw_gbps.note))
         if c.n_nodes > 1 else c
         for c in system.cal.collectives

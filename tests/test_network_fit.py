@@ -80,3 +80,28 @@ def test_an_unknown_fit_is_one_line_naming_the_choices(tmp_path):
     err = bad("validate", str(SC21T2), "--fit", "netwrk", "--store", str(store), "--save-calibration", "x")
     assert "'netwrk' is not one of compute, network, gemm, ymax, none" in str(err)
     assert not store.exists() or not any(store.rglob("*.json"))
+
+
+def test_predict_says_when_zero3_across_nodes_runs_on_the_stated_network(tmp_path):
+    """ZeRO-3 over 1536 GPUs on the preset's stated network carries a note that the tables
+    which identify the bandwidth put sharded data parallelism well below it; on one node, or
+    under a calibration whose network scale was fitted to measured rows, it does not."""
+    from tests.conftest import run
+
+    args = ("predict", "--model", "gpt3-175b", "--zero", "3", "--recompute", "full", "--micro-batch", "1")
+    note = "ZeRO-3 across nodes is timed at the machine's stated inter-node bus bandwidth"
+    assert note in run(*args, "--hardware", "dgx-a100-80gb", "--gpus", "1536").output
+    assert note not in run(*args, "--hardware", "dgx-a100-80gb", "--gpus", "8").output
+    store = str(tmp_path / "store")
+    saved = run(
+        "validate",
+        str(SC21T2),
+        "--calibrate-on",
+        "every-third",
+        "--save-calibration",
+        "sc21",
+        "--store",
+        store,
+    )
+    assert "net_busbw_scale 0.15" in saved.output
+    assert note not in run(*args, "--calibration", "sc21", "--store", store, "--gpus", "1536").output

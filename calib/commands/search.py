@@ -193,7 +193,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         raise InputError("--max-tp", f"must be positive, got {max_tp}")
     counts = parse_gpu_spec(require(gpus, "--gpus"))
     machine, notes = resolve_system(system, calibration, hardware, store)
-    from calib.analytic.predict import attention_note
+    from calib.analytic.predict import attention_note, network_note
 
     notes = notes + attention_note(model, flash_attention)
     space = Space(
@@ -259,6 +259,9 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
                          schedule=[SCHEDULES[i] for i in df["schedule"]])  # fmt: skip
 
     table = named(res.top)
+    shown = table if len(counts) == 1 else res.best_per_gpus  # the layouts the output ranks first
+    if not shown.empty:
+        notes = notes + network_note(machine, shown["zero"].to_numpy(), int(shown["gpus"].max()))
     if power is not None and not power.clock_mhz_known:
         table = table.drop(columns=["f_opt_mhz"], errors="ignore")
     summary = {
