@@ -340,7 +340,7 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
     if MOE.is_moe(model):
         T = b * s_loc / t
         per = (
-            MOE.activation_bytes_layer(model, T, d, mats)
+            MOE.activation_bytes_layer(model, T, d, mats, ep=st.ep)
             - F.mlp_kept_coeff(
                 MOE.dense_ffn_avg(model, model.shape_extras["ffn"]) / d,
                 mats,
@@ -382,7 +382,7 @@ def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, ma
     acts = mem["mem_activations_bytes"]
     if MOE.is_moe(model):
         T, sbd = b * s_loc / t, s_loc * b * d / t
-        per = MOE.activation_bytes_layer(model, T, d, mats) - MOE.DENSE_MLP_ACT * sbd
+        per = MOE.activation_bytes_layer(model, T, d, mats, ep=st.ep) - MOE.DENSE_MLP_ACT * sbd
         extra = per * np.ceil(MOE.terms(model)["L_moe"] / p) * np.minimum(p, m)
         acts = acts + np.where(np.asarray(rc) != F.FULL, np.maximum(extra, 0.0), 0.0)
     acts = acts * in_flight_scale(p, st.schedule)
@@ -426,9 +426,7 @@ def stack_notes(model, plan, system=None) -> list[str]:
         from calib.analytic.mla import params_note
 
         note = params_note(model, *MOE.total_and_active_params(model))  # MTP module apart (analytic.mla)
-        out.append(
-            f"{note}; the busiest EP rank's statistical load counted, a learned router's skew not modelled"
-        )
+        out.append(f"{note}; {MOE.router_note(model)}")
     if plan.tp_overlap:
         out.append(
             f"TP communication overlap: fraction {OV.TP_OVERLAP} of it hides under the layer (stated default)"

@@ -23,8 +23,24 @@ T k d values in the dispatch all-to-all and receives as many back in the combine
 backward repeats both.  A capacity factor C (token dropping, Fedus et al. 2021 Switch
 Transformer) pads every expert to C T k ep / E tokens; ``None`` is dropless: the slowest
 EP rank sets the pace, and even a perfectly balanced router leaves it
-:func:`max_load_factor` times the mean load (the statistical floor; the skew of a learned
-router is not modelled).
+:func:`max_load_factor` times the mean load (the statistical floor).
+
+A learned router is not balanced (GShard and Switch report a per-expert load spread that
+their auxiliary losses only reduce; DeepSeek-V3 sec. 2.1.2 balances without one).  The
+model's ``router_imbalance`` r >= 1 (stated default 1.0: balanced) is the busiest EP rank's
+expected load over the mean from that skew, composed with the floor (:func:`load_factor`):
+
+    load = r x (1 + z_ep sqrt((1 - 1/ep) / (T k)))     dropless, ep > 1 (1 at ep = 1)
+    load = 1                                            capacity factor C: padded to C
+
+The load multiplies, on the critical rank, the grouped expert GEMMs' seconds and their
+token-permutation and FP8-cast traffic (analytic.modern.moe_layer_s), the all-to-all
+bytes it receives in the dispatch and sends back in the combine (both directions,
+analytic.modern.comm_extra), and -- by r alone, the floor apart as before -- the routed
+activations it keeps for backward (:func:`activation_bytes_layer`).  With C, the busiest
+expert group drops 1 - C / r of its tokens when r > C (:func:`router_note`: a note, not a
+time).  r is one number for every ep > 1 (the skew seen at a rank averages over its E / ep
+experts and is not rescaled with ep).
 
 The experts of one GPU run as a grouped GEMM: E / ep GEMMs of M = ep T k C / E tokens
 each, so their efficiency follows the per-expert FLOPs 2 M d f_e, not the layer's.
@@ -46,9 +62,10 @@ def is_moe(model) -> bool:
 def terms(model) -> dict[str, float]:
     """The MoE shape of a model (zeros for a dense one)."""
     if not is_moe(model):
-        return {"E": 0.0, "k": 0.0, "f_e": 0.0, "n_sh": 0.0, "L_moe": 0.0, "cap": 1.0}
+        return {"E": 0.0, "k": 0.0, "f_e": 0.0, "n_sh": 0.0, "L_moe": 0.0, "cap": 1.0, "imb": 1.0}
     cap = model.capacity_factor
     return {
+        "imb": float(getattr(model, "router_imbalance", 1.0)),
         "E": float(model.n_experts),
         "k": float(model.top_k),
         "f_e": float(model.expert_ffn or model.ffn_size),
@@ -156,12 +173,47 @@ def max_load_factor(T: ArrayLike, k: float, ep: ArrayLike) -> np.ndarray:
 
 
 def load_factor(model, T: ArrayLike, ep: ArrayLike) -> np.ndarray:
-    """The busiest EP rank's load over the mean: :func:`max_load_factor` when dropless, 1
-    with a capacity factor (every expert is padded to its capacity)."""
+    """The busiest EP rank's load over the mean: router_imbalance x :func:`max_load_factor`
+    when dropless (1 at ep = 1: one rank holds every expert), 1 with a capacity factor
+    (every expert is padded to its capacity).  Mixtral 8x7B, EP 8, 4096 tokens, top-2,
+    router_imbalance 1.2: 1.2 x 1.0148 = 1.2178."""
     m = terms(model)
     if not m["E"] or model.capacity_factor:
         return np.ones(np.broadcast_shapes(np.shape(T), np.shape(ep)))
-    return max_load_factor(T, m["k"], ep)
+    floor = max_load_factor(T, m["k"], ep)
+    if m["imb"] == 1.0:
+        return floor
+    return np.where(np.asarray(ep) > 1, m["imb"] * floor, 1.0)
+
+
+def routed_act_factor(model, ep: ArrayLike = 1.0) -> np.ndarray:
+    """The busiest EP rank's routed copies kept for backward over the mean: router_imbalance
+    when dropless and ep > 1, else 1 (the statistical floor is not charged to memory)."""
+    m = terms(model)
+    dropless = m["E"] and not model.capacity_factor
+    return np.where(np.asarray(ep, dtype=float) > 1, m["imb"] if dropless else 1.0, 1.0)
+
+
+def dropped_fraction(model) -> float:
+    """With a capacity factor C, the busiest expert group's dropped tokens: 1 - C / r when
+    router_imbalance r > C (0 otherwise, and 0 dropless)."""
+    m = terms(model)
+    cap = model.capacity_factor if m["E"] else None
+    return max(0.0, 1.0 - float(cap) / m["imb"]) if cap else 0.0
+
+
+def router_note(model) -> str:
+    """One line on the router a MoE prediction assumes: the imbalance (labelled when it is the
+    default) and, with a capacity factor, the tokens the busiest expert group drops."""
+    r = terms(model)["imb"]
+    text = f"router_imbalance {r:g}" + (" (stated default: a balanced router)" if r == 1.0 else " (given)")
+    if not model.capacity_factor:
+        return f"the busiest EP rank carries {text} x its statistical load (dropless)"
+    out = f"capacity factor {model.capacity_factor:g} pads every expert; {text}"
+    drop = dropped_fraction(model)
+    if drop > 0:
+        out += f"; the busiest expert group drops 1 - C/r = {drop:.1%} of its tokens (not a time)"
+    return out
 
 
 def dispatch_bytes(T: ArrayLike, k: float, d: ArrayLike, cap: float = 1.0, bytes_per_value: ArrayLike = 2.0):
@@ -195,14 +247,17 @@ def layer_flops(model, T, t, mats, passes_fwd) -> dict[str, np.ndarray]:
     return {"routed": routed * d, "shared": shared}
 
 
-def activation_bytes_layer(model, T, d, mats, bytes_per_value=2.0) -> np.ndarray:
+def activation_bytes_layer(model, T, d, mats, bytes_per_value=2.0, ep=1.0) -> np.ndarray:
     """Bytes one MoE layer keeps for backward on one GPU beyond attention: every routed copy
     keeps its permuted expert input (d, the fc1 weight-gradient operand), the MLP's
     intermediates (mats f_e: SwiGLU gate, up and product; GeLU input and output) and its
-    expert output (d, for the probability-weighted combine's backward)."""
+    expert output (d, for the probability-weighted combine's backward); on the busiest EP
+    rank x :func:`routed_act_factor`."""
     m = terms(model)
     T = np.asarray(T, dtype=float)
     per_token = np.asarray(d, dtype=float) * 2.0 + mats * m["f_e"]
     routed = m["cap"] * T * m["k"] * per_token
+    if m["imb"] != 1.0:
+        routed = routed * routed_act_factor(model, ep)
     shared = T * m["n_sh"] * (np.asarray(d, dtype=float) + mats * m["f_e"])
     return bytes_per_value * (routed + shared)

@@ -65,6 +65,9 @@ class ModelSpec:
     shared_experts: int = 0
     dense_layers: int = 0
     capacity_factor: float | None = None
+    #: a learned router's skew: the busiest EP rank's load over the mean beyond the statistical
+    #: floor (analytic.moe.load_factor); 1.0 = a balanced router, the stated default
+    router_imbalance: float = 1.0
     #: the model trains with dropout (GPT, Megatron: its masks are kept activations); Llama,
     #: Mixtral and DeepSeek have none (the presets say so, with their source)
     dropout: bool = True
@@ -142,6 +145,10 @@ def _check_moe(m: ModelSpec, who: str) -> None:
         raise InputError(
             who, f"capacity_factor must be a number >= 1 (or absent: dropless), got {_short(cf)}"
         )
+    ri = m.router_imbalance
+    if not _number(ri) or not 1 <= ri < float("inf") or (ri != 1 and not m.n_experts):
+        raise InputError(who, f"router_imbalance must be a finite number >= 1 (1 = balanced, the default; "
+                              f"> 1 needs n_experts > 0), got {_short(ri)}")  # fmt: skip
 
 
 @dataclass(frozen=True)

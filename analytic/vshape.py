@@ -23,9 +23,10 @@ qk_rope_head_dim         attention projections' weights (blank or 0: none, (2 + 
 mtp_layers               multi-token-prediction depths on the last stage (0)
 n_experts, top_k,        mixture of experts (analytic.moe): routed experts (0 = dense),
 expert_ffn,              experts per token, expert MLP width (ffn), shared experts,
-shared_experts,          leading dense layers, capacity factor (blank = dropless)
-dense_layers,
-capacity_factor
+shared_experts,          leading dense layers, capacity factor (blank = dropless),
+dense_layers,            a learned router's load skew: the busiest EP rank's load over
+capacity_factor,         the mean beyond the statistical floor, >= 1 (analytic.moe;
+router_imbalance         blank: 1.0, the stated default of a balanced router)
 cp, cp_kind              context-parallel size (1) and ring | ulysses | allgather (ring)
 ep                       expert-parallel size (1)
 precision                bf16 | fp8 (bf16)
@@ -53,7 +54,8 @@ from calib.core.errors import InputError
 
 SHAPE_INTS = ("ffn", "kv_heads", "n_experts", "top_k", "expert_ffn", "shared_experts", "dense_layers")
 MLA_COLS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "mtp_layers")
-MOE_FIELDS = ("n_experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor")
+MOE_FIELDS = ("n_experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor",
+              "router_imbalance")  # fmt: skip
 PRESET_FIELDS = ("d_model", "n_layers", "n_heads", "seq_len", "vocab", "ffn", "kv_heads", "mlp",
                  "tied_embeddings", "dropout", "qk_head_dim", "v_head_dim", *MLA_COLS) + MOE_FIELDS  # fmt: skip
 #: text columns -> (allowed values, default)
@@ -151,6 +153,14 @@ def normalise_stack(out: pd.DataFrame, where: str, ints, bools) -> pd.DataFrame:
             where, i, f"column 'capacity_factor' must be a number >= 1 or blank, got {raw.iloc[i]!r}"
         )
     out["capacity_factor"] = cf
+    raw = out.get("router_imbalance", pd.Series("", index=out.index))
+    ri = pd.to_numeric(raw, errors="coerce").where(~_blank(raw), 1.0)
+    bad = ri.isna() | ~(ri >= 1.0) | (ri == np.inf)
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise _row_error(where, i, f"column 'router_imbalance' must be a number >= 1 or blank (1.0, "
+                                   f"the default), got {raw.iloc[i]!r}")  # fmt: skip
+    out["router_imbalance"] = ri.astype(float)
     for col, default in BOOLS.items():
         if col not in out.columns:
             out[col] = default
@@ -171,6 +181,7 @@ def spec_of(r: pd.Series) -> ModelSpec:
         mlp=str(r["mlp"]), tied_embeddings=bool(r["tied_embeddings"]), dropout=bool(r["dropout"]),
         **{f: int(r[f]) for f in ("n_experts", "top_k", "shared_experts", "dense_layers")},
         expert_ffn=int(r["expert_ffn"]) or None, capacity_factor=None if pd.isna(cf) else float(cf),
+        router_imbalance=float(r["router_imbalance"]),
         qk_head_dim=int(r["qk_head_dim"]) or None, v_head_dim=int(r["v_head_dim"]) or None,
         **{f: int(r[f]) or None for f in MLA_COLS[:3]}, mtp_layers=int(r["mtp_layers"]),
     )  # fmt: skip

@@ -193,9 +193,14 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         raise InputError("--max-tp", f"must be positive, got {max_tp}")
     counts = parse_gpu_spec(require(gpus, "--gpus"))
     machine, notes = resolve_system(system, calibration, hardware, store)
+    from calib.analytic import moe as MOE
     from calib.analytic.predict import attention_note, network_note
 
-    notes = notes + attention_note(model, flash_attention)
+    notes = (
+        notes
+        + attention_note(model, flash_attention)
+        + ([MOE.router_note(model)] if MOE.is_moe(model) else [])
+    )
     space = Space(
         zero=parse_zero(zero_stages),
         interleave=not no_interleave,

@@ -56,6 +56,13 @@ def moe_model_options(f):
                 help="Expert capacity factor (token dropping; default dropless).",
             ),
             click.option(
+                "--router-imbalance",
+                "router_imbalance",
+                type=Number(1.0),
+                help="A learned router's skew: the busiest EP rank's load over the mean beyond the "
+                "statistical floor, >= 1 (default 1.0: balanced, or the model's; analytic.moe).",
+            ),
+            click.option(
                 "--q-lora-rank",
                 "q_lora_rank",
                 type=Int(0),
@@ -90,7 +97,7 @@ def moe_model_options(f):
 
 
 def apply_moe(model, n_experts=None, top_k=None, expert_ffn=None, shared_experts=None, dense_layers=None,
-              capacity_factor=None, **mla):  # fmt: skip
+              capacity_factor=None, router_imbalance=None, **mla):  # fmt: skip
     """The model with the given MoE, MLA and MTP overrides (ModelSpec validates the combination)."""
     over = {
         k: v
@@ -101,6 +108,7 @@ def apply_moe(model, n_experts=None, top_k=None, expert_ffn=None, shared_experts
             ("shared_experts", shared_experts),
             ("dense_layers", dense_layers),
             ("capacity_factor", capacity_factor),
+            ("router_imbalance", router_imbalance),
             *mla.items(),
         )  # fmt: skip
         if v is not None
@@ -108,7 +116,8 @@ def apply_moe(model, n_experts=None, top_k=None, expert_ffn=None, shared_experts
     if over.get("n_experts") and "top_k" not in over and not model.top_k:
         raise InputError("--top-k", "give the experts per token with --experts")
     if over.get("n_experts") == 0:  # --experts 0: the dense variant of a MoE preset
-        over.update(top_k=0, shared_experts=0, dense_layers=0, expert_ffn=None, capacity_factor=None)
+        over.update(top_k=0, shared_experts=0, dense_layers=0, expert_ffn=None, capacity_factor=None,
+                    router_imbalance=1.0)  # fmt: skip
     if not over:
         return model
     try:
@@ -122,7 +131,8 @@ def apply_moe(model, n_experts=None, top_k=None, expert_ffn=None, shared_experts
 
 MOE_FLAGS = {"n_experts": "--experts", "top_k": "--top-k", "expert_ffn": "--expert-ffn",
              "shared_experts": "--shared-experts", "dense_layers": "--dense-layers",
-             "capacity_factor": "--capacity-factor", "q_lora_rank": "--q-lora-rank",
+             "capacity_factor": "--capacity-factor", "router_imbalance": "--router-imbalance",
+             "q_lora_rank": "--q-lora-rank",
              "kv_lora_rank": "--kv-lora-rank", "qk_rope_head_dim": "--qk-rope-dim", "mtp_layers": "--mtp-layers"}  # fmt: skip
 
 
@@ -243,6 +253,7 @@ def parse_schedules(text: str) -> tuple[int, ...]:
 
 
 MOE_KEYS = ("n_experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor",
+            "router_imbalance",
             "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "mtp_layers")  # fmt: skip
 
 

@@ -18,7 +18,7 @@ one of measured_iter_s | measured_tflops_per_gpu (+ tflops_convention
 model|hardware|megatron_eq3) | measured_tokens_per_s_per_gpu, [group], [source].
 Optional shape/stack columns: [model] (a preset: fills the shape), [ffn], [kv_heads],
 [mlp gelu|swiglu], [tied_embeddings], [n_experts, top_k, expert_ffn, shared_experts,
-dense_layers, capacity_factor], [cp], [cp_kind ring|ulysses|allgather], [ep],
+dense_layers, capacity_factor, router_imbalance (default 1.0)], [cp], [cp_kind ring|ulysses|allgather], [ep],
 [precision bf16|fp8], [master_weights fp32|bf16], [schedule 1f1b|zb-h1|dualpipe],
 [distributed_optimizer], [tp_comm_overlap].
 Full description: docs/analytic.md.
