@@ -186,6 +186,9 @@ def test_validate_table_column():
     for v in ("0.9", "x"):
         with pytest.raises(InputError, match=r"row 2: column 'router_imbalance' must be a number >= 1"):
             normalise(pd.DataFrame([ROW, {**ROW, "router_imbalance": v}]), "t.csv")
+    dense = {**ROW, "model": "llama3-8b", "ep": 1, "router_imbalance": 1.2}
+    with pytest.raises(InputError, match=r"row 1: model shape: router_imbalance .* needs n_experts > 0"):
+        normalise(pd.DataFrame([dense]), "t.csv")
 
 
 def test_default_leaves_the_published_deepseek_row_unchanged():
