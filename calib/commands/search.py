@@ -193,7 +193,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
         raise InputError("--max-tp", f"must be positive, got {max_tp}")
     counts = parse_gpu_spec(require(gpus, "--gpus"))
     machine, notes = resolve_system(system, calibration, hardware, store)
-    from calib.analytic.predict import attention_note, network_note
+    from calib.analytic.predict import attention_note, network_note, sharded_span
 
     notes = notes + attention_note(model, flash_attention)
     space = Space(
@@ -261,7 +261,8 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     table = named(res.top)
     shown = table if len(counts) == 1 else res.best_per_gpus  # the layouts the output ranks first
     if not shown.empty:
-        notes = notes + network_note(machine, shown["zero"].to_numpy(), int(shown["gpus"].max()))
+        span = sharded_span(*(shown[k].to_numpy() for k in ("tp", "cp", "dp", "shard")))
+        notes = notes + network_note(machine, shown["zero"].to_numpy(), span)
     if power is not None and not power.clock_mhz_known:
         table = table.drop(columns=["f_opt_mhz"], errors="ignore")
     summary = {
