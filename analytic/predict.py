@@ -131,7 +131,9 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     df["mfu"] = r["mfu"]
     df = df.assign(**scaling(df))
     notes = [f"scaling relative to {gpus[0]} GPUs", *stack_notes(model, plan, system)]
-    notes += attention_note(model, plan.flash_attention) + network_note(system, plan.zero, max(gpus))
+    notes += attention_note(model, plan.flash_attention) + network_note(
+        system, plan.zero, sharded_span(plan.tp, plan.cp, np.array(dps), plan.shard)
+    )
     if plan.fused_layers and system.device_model is not None:
         notes.append(
             "fused layers: not applied -- the device model's layer terms are fitted on the traced kernels"
@@ -199,11 +201,22 @@ def attention_note(model, flash_attention: bool) -> list[str]:
 SHARDED_DP_SCALE_SEEN = "0.15-0.4"
 
 
-def network_note(system: System, zero_stages, max_gpus: int) -> list[str]:
-    """A note when ZeRO-3 spans nodes over the machine's stated (default) inter-node busbw:
-    every published table that identifies the bandwidth sharded data parallelism reached put
-    it well below the stated one, so such times are likely optimistic."""
-    if 3 not in set(np.atleast_1d(zero_stages).tolist()) or max_gpus <= system.gpus_per_node:
+def sharded_span(tp, cp, dp, shard) -> np.ndarray:
+    """GPUs one ZeRO group's members spread over with ranks numbered TP innermost, then CP, DP
+    (analytic.placement): its members are tp apart, over the CP x DP ranks or, with hybrid
+    sharding, over one shard group of ``shard`` of them."""
+    tp, cp, dp, shard = (np.asarray(x, dtype=float) for x in (tp, cp, dp, shard))
+    return tp * np.where(shard > 0, shard, cp * dp)
+
+
+def network_note(system: System, zero_stages, span_gpus) -> list[str]:
+    """A note when a ZeRO-3 group spans nodes (``span_gpus``, :func:`sharded_span`) over the
+    machine's stated (default) inter-node busbw: every published table that identifies the
+    bandwidth sharded data parallelism reached put it well below the stated one, so such
+    times are likely optimistic."""
+    z3 = np.atleast_1d(np.asarray(zero_stages)) == 3
+    span = np.broadcast_to(np.asarray(span_gpus, dtype=float), z3.shape)
+    if not np.any(z3 & (span > system.gpus_per_node)):
         return []
     across = [c for c in system.cal.collectives if c.n_nodes > 1]
     if not across or any(c.busbw_gbps.status != DEFAULT for c in across):

@@ -105,3 +105,48 @@ def test_predict_says_when_zero3_across_nodes_runs_on_the_stated_network(tmp_pat
     )
     assert "net_busbw_scale 0.15" in saved.output
     assert note not in run(*args, "--calibration", "sc21", "--store", store, "--gpus", "1536").output
+
+
+def test_the_note_asks_whether_the_zero3_group_itself_crosses_a_node():
+    """Ranks are numbered TP innermost, then CP, DP, PP (analytic.placement): a ZeRO-3 group
+    spans tp x cp x dp consecutive GPUs, or tp x the shard group with hybrid sharding.  On
+    8-GPU DGX nodes, DP 8 under PP 8 (64 GPUs) and a shard group of 8 stay in one node, so
+    no note; DP 8 under TP 2 spans 16 GPUs, two nodes, so the note."""
+    from tests.conftest import run
+
+    note = "ZeRO-3 across nodes is timed at the machine's stated inter-node bus bandwidth"
+    args = (
+        "predict",
+        "--hardware",
+        "dgx-a100-80gb",
+        "--model",
+        "gpt3-175b",
+        "--zero",
+        "3",
+        "--micro-batch",
+        "1",
+    )
+    pp = run(*args, "--gpus", "64", "--pp", "8", "--recompute", "full", "--global-batch", "64")
+    assert pp.exit_code == 0, pp.output
+    assert note not in pp.output
+    tp = run(*args, "--gpus", "128", "--pp", "8", "--tp", "2", "--recompute", "full", "--global-batch", "64")
+    assert tp.exit_code == 0, tp.output
+    assert note in tp.output
+    hybrid = run(*args, "--gpus", "64", "--shard-group", "8", "--recompute", "full", "--global-batch", "64")
+    assert hybrid.exit_code == 0, hybrid.output
+    assert note not in hybrid.output
+    assert note in run(*args, "--gpus", "64", "--recompute", "full", "--global-batch", "64").output
+
+
+def test_search_notes_only_the_zero3_groups_its_top_layouts_spread_over_nodes():
+    """The same rule on the layouts ``calib search`` ranks first: ZeRO-3 over all 64 GPUs
+    crosses nodes; ZeRO-3 sharded within 8-GPU groups (one DGX node) does not."""
+    from tests.conftest import run
+
+    note = "ZeRO-3 across nodes is timed at the machine's stated inter-node bus bandwidth"
+    args = ("search", "--hardware", "dgx-a100-80gb", "--model", "gpt-13b", "--gpus", "64", "--zero", "3")
+    flat = run(*args, "--global-batch", "512")
+    hybrid = run(*args, "--global-batch", "512", "--shard-groups", "8", "--max-tp", "1")
+    assert flat.exit_code == 0 and hybrid.exit_code == 0, flat.output + hybrid.output
+    assert note in flat.output
+    assert note not in hybrid.output

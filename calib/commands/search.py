@@ -194,7 +194,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     counts = parse_gpu_spec(require(gpus, "--gpus"))
     machine, notes = resolve_system(system, calibration, hardware, store)
     from calib.analytic import moe as MOE
-    from calib.analytic.predict import attention_note, network_note
+    from calib.analytic.predict import attention_note, network_note, sharded_span
 
     notes = (
         notes
@@ -266,7 +266,8 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     table = named(res.top)
     shown = table if len(counts) == 1 else res.best_per_gpus  # the layouts the output ranks first
     if not shown.empty:
-        notes = notes + network_note(machine, shown["zero"].to_numpy(), int(shown["gpus"].max()))
+        span = sharded_span(*(shown[k].to_numpy() for k in ("tp", "cp", "dp", "shard")))
+        notes = notes + network_note(machine, shown["zero"].to_numpy(), span)
     if power is not None and not power.clock_mhz_known:
         table = table.drop(columns=["f_opt_mhz"], errors="ignore")
     summary = {
