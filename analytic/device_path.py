@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from calib.analytic import formulas as F
+from calib.analytic.memory import stages_in_flight
 from calib.calibrate import device_step as D
 from calib.calibrate.device_model import DeviceModel, Family
 
@@ -99,7 +100,7 @@ def memory(
     p_opt = P / np.where(z >= 1, dp, 1.0)
     p_grad = P / np.where(z >= 2, dp, 1.0)
     p_, m_, v_ = (np.asarray(x, dtype=float) for x in (p, m, v))
-    in_flight = np.minimum(p_, m_) * np.where(v_ > 1, 1.0 + (p_ - 1.0) / (p_ * v_), 1.0)
+    in_flight = stages_in_flight(p_, m_, v_)
     rc = np.asarray(rc)
     # full recompute keeps each layer's input (2 bytes per value) plus one layer's full set
     per_layer = D.act_layer_bytes(fam, sh.d, sh.kv / sh.a, sh.ffn)

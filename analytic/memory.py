@@ -12,7 +12,8 @@ everything:
 Activations: Korthikanti et al.'s bytes per layer, generalised to the layer's MLP width,
 K/V heads and MLP kind (formulas.activation_bytes_layer), for
 the layers of one stage, times the micro-batches the first stage holds in flight under
-1F1B, min(p, m), times (1 + (p - 1) / (p v)) with interleaving; full recompute adds one
+1F1B, min(p, m), times (1 + (p - 1) / (p v)) with interleaving, at most m
+(:func:`stages_in_flight`); full recompute adds one
 layer's full activations (the layer being recomputed); a single-stage model also keeps
 the fp32 logits of its micro-batch (inside ``activations`` and also given as ``logits``).
 
@@ -56,13 +57,22 @@ def activations_bytes(
     b, s, d, a, L, V, t, p, m, v = (np.asarray(x, dtype=float) for x in (b, s, d, a, L, V, t, p, m, v))
     rc = np.asarray(recompute)
     per_layer = F.activation_bytes_layer(b, s, d, a, t, seq_parallel, rc, flash, *shape)
-    in_flight = np.minimum(p, m)
-    interleave = np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
-    acts = per_layer * np.ceil(L / p) * in_flight * interleave  # the largest stage (analytic.uneven)
+    acts = per_layer * np.ceil(L / p) * stages_in_flight(p, m, v)  # the largest stage (analytic.uneven)
     acts = acts + np.where(
         rc == F.FULL, F.activation_bytes_layer(b, s, d, a, t, seq_parallel, F.NONE, flash, *shape), 0.0
     )
     return acts + (logits_bytes(b, s, V, t, p) if logits else 0.0)
+
+
+def stages_in_flight(p: ArrayLike, m: ArrayLike, v: ArrayLike = 1) -> np.ndarray:
+    """Micro-batches' worth of its stage's activations the first pipeline stage holds at its
+    peak: min(p, m) under 1F1B; p + (p - 1) / v with interleaving (Megatron's warm-up of
+    2 (p - 1) + (v - 1) p forwards plus the one in flight, each a chunk of 1 / v of the
+    stage; Narayanan et al. SC21 sec. 2.2.2) -- but never more than the iteration's m
+    micro-batches: with m = p Megatron runs every forward first (``all_warmup_microbatches``
+    in megatron/core/pipeline_parallel/schedules.py) and holds exactly m."""
+    p, m, v = (np.asarray(x, dtype=float) for x in (p, m, v))
+    return np.minimum(np.minimum(p, m) * np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0), m)
 
 
 def logits_bytes(b: ArrayLike, s: ArrayLike, V: ArrayLike, t: ArrayLike, p: ArrayLike) -> np.ndarray:

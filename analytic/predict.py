@@ -214,8 +214,7 @@ def network_note(system: System, zero_stages, span_gpus) -> list[str]:
     machine's stated (default) inter-node busbw: every published table that identifies the
     bandwidth sharded data parallelism reached put it well below the stated one, so such
     times are likely optimistic."""
-    z3 = np.atleast_1d(np.asarray(zero_stages)) == 3
-    span = np.broadcast_to(np.asarray(span_gpus, dtype=float), z3.shape)
+    z3, span = np.broadcast_arrays(np.asarray(zero_stages) == 3, np.asarray(span_gpus, dtype=float))
     if not np.any(z3 & (span > system.gpus_per_node)):
         return []
     across = [c for c in system.cal.collectives if c.n_nodes > 1]

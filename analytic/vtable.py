@@ -271,11 +271,13 @@ def _check_hardware(out: pd.DataFrame, where: str) -> None:
 
 
 def model_columns(df: pd.DataFrame) -> ModelColumns:
-    """Dense per-row shapes (one MLP kind: the first row's); :func:`analytic.vshape.row_models`
-    groups a mixed table."""
+    """Dense per-row shapes (one MLP kind, embedding tying and dropout: the first row's);
+    :func:`analytic.vshape.row_models` groups a mixed table."""
     if "mlp" not in df.columns:
         return VS.columns_of(df)
-    return VS.columns_of(df, str(df["mlp"].iloc[0]), bool(df["tied_embeddings"].iloc[0]))
+    first = df.iloc[0]
+    drop = bool(first["dropout"]) if "dropout" in df.columns else True
+    return VS.columns_of(df, str(first["mlp"]), bool(first["tied_embeddings"]), drop)
 
 
 def read_table(path: str | Path, fmt: str = "auto") -> tuple[pd.DataFrame, str]:

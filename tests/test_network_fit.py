@@ -136,6 +136,8 @@ def test_the_note_asks_whether_the_zero3_group_itself_crosses_a_node():
     assert hybrid.exit_code == 0, hybrid.output
     assert note not in hybrid.output
     assert note in run(*args, "--gpus", "64", "--recompute", "full", "--global-batch", "64").output
+    both = run(*args, "--gpus", "8,64", "--recompute", "full", "--global-batch", "64")  # one count crosses
+    assert both.exit_code == 0 and note in both.output, both.output
 
 
 def test_search_notes_only_the_zero3_groups_its_top_layouts_spread_over_nodes():
