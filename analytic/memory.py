@@ -56,7 +56,8 @@ def activations_bytes(
 ) -> np.ndarray:  # fmt: skip
     """Activation bytes on the first pipeline stage (the one holding the most); with
     ``logits`` the single-stage model's fp32 logits (:func:`logits_bytes`) are included.
-    ``shape``: (ffn / d, kv / a, MLP matrices[, dropout]) of the layer (GPT's by default)."""
+    ``shape``: (ffn / d, kv / a, MLP matrices[, dropout[, MLA's kept coefficients]]) of the layer
+    (GPT's by default; analytic.mla.attention_kept_coeffs)."""
     b, s, d, a, L, V, t, p, m, v = (np.asarray(x, dtype=float) for x in (b, s, d, a, L, V, t, p, m, v))
     rc = np.asarray(recompute)
     per_layer = F.activation_bytes_layer(b, s, d, a, t, seq_parallel, rc, flash, *shape)

@@ -373,9 +373,9 @@ def evaluate(
             mem = X.adjust_dm_memory(mem, model, sm, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc)
     else:
         drop = bool(model.shape_extras.get("dropout", True))  # dropout masks kept (formulas)
-        acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, False, (ffn_c / d, kv_frac, mats, drop))  # fmt: skip
+        acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, False, (ffn_c / d, kv_frac, mats, drop, MLA.attention_kept_coeffs(model)))  # fmt: skip
         lg = logits_bytes(b, s_loc, V, t, p)
-        one = F.activation_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, ffn_c / d, kv_frac, mats, drop)
+        one = F.activation_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, ffn_c / d, kv_frac, mats, drop, MLA.attention_kept_coeffs(model))  # fmt: skip
         acts = acts + MLA.mtp_activation_bytes(model, p, one, lg, st.schedule)  # analytic.mla
         big, lay = ZO.largest_matrix(d, t, ffn, kv_frac, model, mats, sm.ep), X.layer_params_gpu(model, t)  # fmt: skip
         if st.is_modern or X.MOE.is_moe(model):
