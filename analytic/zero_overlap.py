@@ -22,8 +22,10 @@ How many there are is the implementation's (:func:`collective_counts`):
 * DeepSpeed's ZeRO-3 all-gathers parameter by parameter (``partition_parameters.py``
   ``_allgather_params_coalesced``: one ``all_gather`` per partitioned tensor, launched in a
   loop), and tensors below ``stage3_param_persistence_threshold`` (default 1e5 elements)
-  are never partitioned -- so each layer's weight matrices are gathered one by one (fused
-  QKV, output projection and the MLP's ``mats`` matrices; biases and norms persist) plus
+  are never partitioned -- so each layer's weight matrices are gathered one by one
+  (:func:`layer_matrices`: fused QKV and output projection, or MLA's five projections; the
+  MLP's ``mats`` matrices, or a MoE layer's E / ep local experts' ``mats`` each, its shared
+  experts' and its router; biases and norms persist) plus
   the embedding; it reduce-scatters gradients in buckets of ``reduce_bucket_size``
   (default 5e8 elements), at least one per micro-batch.
 
