@@ -14,7 +14,8 @@ attention projections ((2 + 2 kv/a) d^2, or MLA's low-rank ones) and MLP (mats d
 MoE layer's E / ep local experts, shared experts and router -- 12 d^2 / t only for GPT's.
 
 Activations: Korthikanti et al.'s bytes per layer, generalised to the layer's MLP width,
-K/V heads and MLP kind (formulas.activation_bytes_layer), for
+K/V heads and MLP kind (formulas.activation_bytes_layer; multi-head latent attention's own
+tensors, analytic.mla.attention_kept_coeffs), for
 the layers of one stage, times the micro-batches the first stage holds in flight under
 1F1B, min(p, m), times (1 + (p - 1) / (p v)) with interleaving; full recompute adds one
 layer's full activations (the layer being recomputed); a single-stage model also keeps
