@@ -182,6 +182,7 @@ def activation_bytes_layer(
     kv_frac: ArrayLike = 1.0,
     mats: ArrayLike = 2.0,
     dropout: ArrayLike = True,
+    mla_kept: tuple | None = None,
 ) -> np.ndarray:
     """Activation bytes one layer keeps for backward, per GPU (Korthikanti et al. 2022).
 
@@ -193,6 +194,8 @@ def activation_bytes_layer(
     ``flash``: fused attention keeps no s x s score tensors, so the 5 a s / d term vanishes.
     Without ``dropout`` (Llama, Mixtral, DeepSeek) there are no masks: the two 1-byte s b d
     masks go, and of the 5 a s / d only the softmax output (2) stays.
+    ``mla_kept``: multi-head latent attention's (split, replicated) coefficients
+    (analytic.mla.attention_kept_coeffs) in place of Q, K, V and the output's 4 + 4 kv/a.
     """
     b, s, d, a, t = (np.asarray(x, dtype=float) for x in (b, s, d, a, t))
     sp = np.asarray(seq_parallel, dtype=bool)
@@ -203,6 +206,9 @@ def activation_bytes_layer(
     attn = np.where(flash, 0.0, (2.0 + 3.0 * drop) * a * s / (d * t))
     split = kept_split_coeff(ffn_over_d, kv_frac, mats)
     replicated = KEPT_REPLICATED - 2.0 * (1.0 - drop)  # the two 1-byte dropout masks
+    if mla_kept is not None:  # MLA's q, k, v, output and latents (analytic.mla)
+        split = mla_kept[0] + 2.0 * np.asarray(mats, dtype=float) * np.asarray(ffn_over_d, dtype=float)
+        replicated = replicated + mla_kept[1]
     linear = np.where(sp, (replicated + split) / t, replicated + split / t)
     full = 2.0 * sbd / np.where(sp, t, 1.0)
     op = sbd * op_sac_kept_coeff(ffn_over_d, kv_frac, mats) / t  # split like the linear layers

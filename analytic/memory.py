@@ -9,8 +9,13 @@ everything:
     ZeRO-2  2 P + 14 P / d      ZeRO-3  16 P / d   (+ the gathered parameters in flight:
     FSDP two layers; DeepSpeed at most stage3_max_live_parameters, analytic.zero_overlap)
 
+A gathered layer is the model's own (shape_terms.layer_params_gpu, the largest kind): its
+attention projections ((2 + 2 kv/a) d^2, or MLA's low-rank ones) and MLP (mats d ffn), or a
+MoE layer's E / ep local experts, shared experts and router -- 12 d^2 / t only for GPT's.
+
 Activations: Korthikanti et al.'s bytes per layer, generalised to the layer's MLP width,
-K/V heads and MLP kind (formulas.activation_bytes_layer), for
+K/V heads and MLP kind (formulas.activation_bytes_layer; multi-head latent attention's own
+tensors, analytic.mla.attention_kept_coeffs), for
 the layers of one stage, times the micro-batches the first stage holds in flight under
 1F1B, min(p, m), times (1 + (p - 1) / (p v)) with interleaving, at most m
 (:func:`stages_in_flight`); full recompute adds one
@@ -53,7 +58,8 @@ def activations_bytes(
 ) -> np.ndarray:  # fmt: skip
     """Activation bytes on the first pipeline stage (the one holding the most); with
     ``logits`` the single-stage model's fp32 logits (:func:`logits_bytes`) are included.
-    ``shape``: (ffn / d, kv / a, MLP matrices[, dropout]) of the layer (GPT's by default)."""
+    ``shape``: (ffn / d, kv / a, MLP matrices[, dropout[, MLA's kept coefficients]]) of the layer
+    (GPT's by default; analytic.mla.attention_kept_coeffs)."""
     b, s, d, a, L, V, t, p, m, v = (np.asarray(x, dtype=float) for x in (b, s, d, a, L, V, t, p, m, v))
     rc = np.asarray(recompute)
     per_layer = F.activation_bytes_layer(b, s, d, a, t, seq_parallel, rc, flash, *shape)
@@ -81,20 +87,28 @@ def logits_bytes(b: ArrayLike, s: ArrayLike, V: ArrayLike, t: ArrayLike, p: Arra
     return np.where(p == 1, LOGITS_BYTES * b * s * V / t, 0.0)
 
 
+def gathered_bytes(
+    layer_params: ArrayLike, zero: ArrayLike, deepspeed_live: tuple | None = None
+) -> np.ndarray:
+    """ZeRO-3's gathered fp16 parameters in flight per GPU (0 below ZeRO-3): GATHERED_LAYERS
+    layers of ``layer_params`` each (shape_terms.layer_params_gpu), or with ``deepspeed_live``
+    = (largest matrix, is DeepSpeed) DeepSpeed's live-parameter cap
+    (:func:`analytic.zero_overlap.live_gathered_params`)."""
+    two = GATHERED_LAYERS * np.asarray(layer_params, dtype=float)
+    live = two if deepspeed_live is None else live_gathered_params(two, *deepspeed_live)
+    return np.where(np.asarray(zero) == 3, BYTES_WEIGHT * live, 0.0)
+
+
 def memory_per_gpu(
-    params: ArrayLike, d_model: ArrayLike, t: ArrayLike, dp: ArrayLike, zero: ArrayLike,
+    params: ArrayLike, layer_params: ArrayLike, dp: ArrayLike, zero: ArrayLike,
     activations: ArrayLike, reserve_bytes: float, logits: ArrayLike | None = None,
     deepspeed_live: tuple | None = None,
 ) -> dict[str, np.ndarray]:  # fmt: skip
     """Weights, gradients, optimizer states, activations (and, given separately, logits) and
-    their total (with the reserve).  ZeRO-3 also holds two gathered layers of 12 d^2 / t, or
-    with ``deepspeed_live`` = (largest matrix, is DeepSpeed) DeepSpeed's live-parameter cap
-    (:func:`analytic.zero_overlap.live_gathered_params`)."""
+    their total (with the reserve).  ZeRO-3 also holds the gathered layers of ``layer_params``
+    weights each on this GPU (:func:`gathered_bytes`; GPT: 12 d^2 / t)."""
     weights, grads, optim = zero_states_bytes(params, dp, zero)
-    d = np.asarray(d_model, dtype=float)
-    two = GATHERED_LAYERS * 12.0 * d * d / np.asarray(t, dtype=float)
-    gathered = BYTES_WEIGHT * (two if deepspeed_live is None else live_gathered_params(two, *deepspeed_live))
-    weights = weights + np.where(np.asarray(zero) == 3, gathered, 0.0)
+    weights = weights + gathered_bytes(layer_params, zero, deepspeed_live)
     lg = np.asarray(0.0 if logits is None else logits, dtype=float)
     acts = np.asarray(activations, dtype=float) + lg
     out = {

@@ -19,9 +19,16 @@ widths: qk_head_dim / v_head_dim alone set only the attention core's FLOPs
 (shape_terms.attention_dims_factor).  Every projection is taken as split over TP (Megatron-Core
 replicates the two down-projections; immaterial at TP 1, as DeepSeek-V3 trains).
 
-``kv / a`` (shape_terms) keeps its other meanings: K/V bytes exchanged by context
-parallelism, K/V activations kept for backward and the FP8 casts of the attention's outputs
-are still those of a/kv full heads of d / a -- MLA's activations are not modelled apart.
+Kept activations (:func:`attention_kept_coeffs`, in place of the attention part of
+formulas.activation_bytes_layer; HF modeling_deepseek's tensors, bf16 as the other formulas):
+besides the layer-norm input and the input norm's output that feeds q_a and kv_a (both kept as
+for any layer), the q latent c_q and its norm (2 q_rank), the kv latent c_kv with k_rope and
+c_kv's norm (2 kv_rank + r) -- replicated over TP like the layer's other d-wide tensors (split
+only with sequence parallelism); and the up-projected q and k (a h_qk each), v (a h_v) the fused
+attention keeps and its output into o_proj (a h_v) -- split over TP like Q, K, V.  DeepSeek-V3:
+(8320 + 163840) bytes per token against full heads' 16 d = 114,688.  ``kv / a`` (shape_terms)
+keeps its other meanings: K/V bytes exchanged by context parallelism, op-level SAC's saved
+outputs and the FP8 casts of the attention's outputs are still those of kv full heads of d / a.
 
 **MTP** (report sec. 2.2): each of ``mtp_layers`` depths adds one Transformer block of the
 last layer's kind (MLA + MoE for DeepSeek-V3), a projection M of 2d x d and two RMSNorms; the
@@ -116,6 +123,29 @@ def attention_linears(model) -> tuple | None:
     else:
         k_v = ((d, kv * h_qk, 1.0), (d, kv * h_v, 1.0))
     return (*q, *k_v, (a * h_v, d, 0.0))
+
+
+def attention_kept_coeffs(model) -> tuple[float, float] | None:
+    """(split over TP, replicated) bytes per s b d MLA's attention keeps for backward beyond the
+    layer-norm input and the attention input (module docstring), 2 bytes a value: split
+    2 (q + k + v + output) widths / d, replicated 2 (2 q_rank + 2 kv_rank + r) / d.  Without a
+    kv latent, k and v are kv heads wide; without a q latent there is no c_q.  None without MLA
+    (formulas.kept_split_coeff's 4 + 4 kv/a)."""
+    if not uses_mla(model):
+        return None
+    (q, k, v, o), q_r, kv_r, rope = _kept_widths(model)
+    d = float(model.d_model)
+    return 2.0 * (q + k + v + o) / d, 2.0 * (2.0 * q_r + 2.0 * kv_r + rope) / d
+
+
+def _kept_widths(model) -> tuple:
+    ex = model.shape_extras
+    d, a, kv = float(model.d_model), float(model.n_heads), float(ex["kv"])
+    h_qk = float(ex.get("qk_head_dim") or 0) or d / a
+    h_v = float(ex.get("v_head_dim") or 0) or d / a
+    q_r, kv_r, rope = (float(getattr(model, f) or 0) for f in MLA_FIELDS)
+    heads = a if kv_r else kv  # the kv latent up-projects to every head
+    return (a * h_qk, heads * h_qk, heads * h_v, a * h_v), q_r, kv_r, rope
 
 
 def depths(model) -> int:

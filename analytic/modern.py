@@ -18,9 +18,9 @@ from calib.analytic import hybrid as HY
 from calib.analytic import moe as MOE
 from calib.analytic import overlap as OV
 from calib.analytic import precision as PR
-from calib.analytic import zero_overlap as ZO
 from calib.analytic.bubble import DUALPIPE, ZB_H1, in_flight_scale, param_copies
 from calib.analytic.comm import group_time_s, members_per_node
+from calib.analytic.shape_terms import layer_params_gpu  # noqa: F401 (timemodel's too)
 
 from calib.core.collective_names import ALLGATHER, ALLREDUCE, ALLTOALL, REDUCESCATTER, SENDRECV
 from calib.core.errors import InputError
@@ -309,7 +309,7 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
     """Weights, gradients, optimizer states (dense over d c, experts over EDP), activations.
     ``largest_matrix``: parameters of the largest weight matrix on this TP rank (DeepSpeed's
     ZeRO-3 live-parameter cap, :func:`analytic.zero_overlap.live_gathered_params`)."""
-    from calib.analytic.memory import BYTES_GRAD, BYTES_WEIGHT, GATHERED_LAYERS
+    from calib.analytic.memory import BYTES_GRAD, BYTES_WEIGHT, gathered_bytes
 
     z = st.zero
     g_dense, g_exp = groups(st)
@@ -323,13 +323,9 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
 
     wd, gd, od = states(dense_p, g_dense)
     we, ge, oe = states(expert_p, g_exp)
-    gathered = GATHERED_LAYERS * 12.0 * d * d / t
-    if MOE.is_moe(model):  # a gathered MoE layer also holds its E / ep experts
-        gathered = gathered + GATHERED_LAYERS * expert_p * p / MOE.terms(model)["L_moe"]
-    gathered = BYTES_WEIGHT * ZO.live_gathered_params(
-        gathered, largest_matrix, np.asarray(st.zero_impl) == 0
-    )  # 0: DeepSpeed
-    weights = copies * (wd + we) + np.where(z == 3, gathered, 0.0)
+    layer = layer_params_gpu(model, t, st.ep)  # the model's own layer, MoE experts E / ep (shape_terms)
+    gathered = gathered_bytes(layer, z, (largest_matrix, np.asarray(st.zero_impl) == 0))  # 0: DeepSpeed
+    weights = copies * (wd + we) + gathered
     grads, optim = copies * (gd + ge), copies * (od + oe)
     keep = np.asarray(rc) != F.FULL
     in_flight = np.minimum(p, m)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from calib.analytic import formulas as F
+from calib.analytic.mla import attention_kept_coeffs
 from calib.analytic.timemodel import attention_proj_params, shape_terms
 
 RESIDENT_LAYERS = 2.0
@@ -72,7 +73,7 @@ def offload_terms(model, st, r: dict, off: Offload, hw, trailing: bool = False) 
     aw = attention_proj_params(model)  # attention projection weights per layer (MLA: low rank)
     layer_w = ex(F.BYTES_PER_VALUE * F.layer_matrix_params(d, ffn, kv, mats, aw) / t)
     layer_a = ex(F.activation_bytes_layer(b, s, d, a, t, st.seq_parallel, st.recompute, st.flash_attention,
-                                          ffn / d, kv, mats, model.shape_extras.get("dropout", True)))  # fmt: skip
+                                          ffn / d, kv, mats, model.shape_extras.get("dropout", True), attention_kept_coeffs(model)))  # fmt: skip
     f_fwd = F.forward_flops_layer(b, s, d, ffn, kv, mats, aw)
     f_all = F.training_flops_layers(b, s, d, 1.0, st.recompute, ffn, kv, mats, aw)
     t_layer = ex(r["compute_s"] / (m * lps))

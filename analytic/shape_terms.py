@@ -28,8 +28,9 @@ def attention_proj_params(model) -> np.ndarray:
 
 def shape_terms(model) -> tuple[np.ndarray, np.ndarray, float, bool]:
     """(ffn, kv / a, MLP matrices, tied) of a model spec or per-row columns.  ``kv / a`` stays
-    the full-head K/V share (context-parallel K/V bytes, kept activations, FP8 casts) also for
-    multi-head latent attention; weights and FLOPs take :func:`attention_proj_params`."""
+    the full-head K/V share (context-parallel K/V bytes, FP8 casts) also for multi-head latent
+    attention; weights and FLOPs take :func:`attention_proj_params`, kept activations
+    analytic.mla.attention_kept_coeffs."""
     ex = model.shape_extras
     kv_frac = np.asarray(ex["kv"], dtype=float) / np.asarray(model.n_heads, dtype=float)
     return (
@@ -50,3 +51,23 @@ def attention_dims_factor(model) -> float:
         return 1.0
     d, a = float(np.asarray(model.d_model)), float(np.asarray(model.n_heads))
     return a * ((hq or d / a) + (hv or d / a)) / (2.0 * d)
+
+
+def layer_params_gpu(model, t, ep=1.0) -> np.ndarray:
+    """Weights of one layer on one GPU, the largest kind where dense and MoE layers mix: what
+    ZeRO-3 gathers whole (analytic.memory).  Dense: (attention + mats d ffn) / t
+    (formulas.layer_matrix_params; GPT 12 d^2 / t); MoE: (attention + n_sh mats d f_e + d E) / t
+    + E / ep routed experts of mats d f_e, whole (expert TP 1), as moe.params_split counts them.
+    Attention: :func:`attention_proj_params` (MLA's low-rank projections where set)."""
+    from calib.analytic import moe as MOE
+
+    ffn, kv_frac, mats, _ = shape_terms(model)
+    d, t = np.asarray(model.d_model, dtype=float), np.asarray(t, dtype=float)
+    attn = attention_proj_params(model)
+    dense = F.layer_matrix_params(d, ffn, kv_frac, mats, attn) / t
+    if not MOE.is_moe(model):
+        return dense
+    m = MOE.terms(model)
+    one = MOE.expert_params(d, m["f_e"], mats)
+    moe = (attn + m["n_sh"] * one + d * m["E"]) / t + m["E"] / np.asarray(ep, dtype=float) * one
+    return np.maximum(moe, dense) if m["L_moe"] < float(model.n_layers) else moe

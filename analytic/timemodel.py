@@ -183,7 +183,7 @@ def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) 
     # latency: per module (FSDP; n_mod = layers + embedding) or per tensor / bucket (DeepSpeed)
     n_mod = U.stage_layers(L, p)[0] + 1.0
     ds = np.asarray(st.zero_impl) == DX.DEEPSPEED
-    n_ag, n_rs = ZO.collective_counts(n_mod - 1.0, grad_bytes / BYTES_GRAD, d, ffn_c, kv_frac, mats, t_w, ds)
+    n_ag, n_rs = ZO.collective_counts(n_mod - 1.0, grad_bytes / BYTES_GRAD, d, ffn, kv_frac, mats, t_w, ds, model, st.ep)  # fmt: skip
 
     out = {
         **X.comm_extra(model, cal, gpn, st, b, s, d, kv_frac),
@@ -373,18 +373,18 @@ def evaluate(
             mem = X.adjust_dm_memory(mem, model, sm, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc)
     else:
         drop = bool(model.shape_extras.get("dropout", True))  # dropout masks kept (formulas)
-        acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, False, (ffn_c / d, kv_frac, mats, drop))  # fmt: skip
+        acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, False, (ffn_c / d, kv_frac, mats, drop, MLA.attention_kept_coeffs(model)))  # fmt: skip
         lg = logits_bytes(b, s_loc, V, t, p)
-        one = F.activation_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, ffn_c / d, kv_frac, mats, drop)
+        one = F.activation_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, ffn_c / d, kv_frac, mats, drop, MLA.attention_kept_coeffs(model))  # fmt: skip
         acts = acts + MLA.mtp_activation_bytes(model, p, one, lg, st.schedule)  # analytic.mla
-        big = ZO.largest_matrix(d, t, ffn_c, kv_frac)  # DeepSpeed ZeRO-3 holds at least it gathered
+        big, lay = ZO.largest_matrix(d, t, ffn, kv_frac, model, mats, sm.ep), X.layer_params_gpu(model, t)  # fmt: skip
         if st.is_modern or X.MOE.is_moe(model):
             mem = X.memory(model, sm, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc,
                            hw.runtime_reserve_gb * 1e9, lg, big)  # fmt: skip
         else:
             ds = sm.zero_impl == DX.DEEPSPEED
             mem = memory_per_gpu(
-                params_gpu, d, t, g_mem, sm.zero, acts, hw.runtime_reserve_gb * 1e9, lg, (big, ds)
+                params_gpu, lay, g_mem, sm.zero, acts, hw.runtime_reserve_gb * 1e9, lg, (big, ds)
             )
     if lean:
         return {

@@ -22,8 +22,10 @@ How many there are is the implementation's (:func:`collective_counts`):
 * DeepSpeed's ZeRO-3 all-gathers parameter by parameter (``partition_parameters.py``
   ``_allgather_params_coalesced``: one ``all_gather`` per partitioned tensor, launched in a
   loop), and tensors below ``stage3_param_persistence_threshold`` (default 1e5 elements)
-  are never partitioned -- so each layer's weight matrices are gathered one by one (fused
-  QKV, output projection and the MLP's ``mats`` matrices; biases and norms persist) plus
+  are never partitioned -- so each layer's weight matrices are gathered one by one
+  (:func:`layer_matrices`: fused QKV and output projection, or MLA's five projections; the
+  MLP's ``mats`` matrices, or a MoE layer's E / ep local experts' ``mats`` each, its shared
+  experts' and its router; biases and norms persist) plus
   the embedding; it reduce-scatters gradients in buckets of ``reduce_bucket_size``
   (default 5e8 elements), at least one per micro-batch.
 
@@ -59,28 +61,68 @@ DS_REDUCE_BUCKET = 5e8
 DS_MAX_LIVE_PARAMETERS = 1e9
 
 
+def layer_matrices(d, ffn, kv_frac, mats, model=None, ep=1.0) -> list[tuple]:
+    """One layer's weight matrices as (elements, how many per layer, split over TP).
+
+    Attention: the fused QKV (1 + 2 kv/a) d^2 and the output projection d^2, or with
+    multi-head latent attention its projections (analytic.mla.attention_linears: q_a, q_b,
+    kv_a, kv_b, o; four with a full-rank query).  A dense layer: ``mats`` MLP matrices d x
+    ffn.  A MoE layer (``model`` with experts): E / ep local experts of ``mats`` matrices d x
+    f_e, whole (expert TP 1), the shared experts as one MLP of width n_sh f_e (Hugging Face
+    modeling_deepseek ``shared_experts``) and the router d x E.  With dense and MoE layers both,
+    each kind's counts are weighted by its share of the layers (DeepSeek-V3: 3 dense of 61).
+    ``ffn``: the dense layers' own MLP width (not averaged over the layers)."""
+    from calib.analytic import mla, moe
+
+    d, ffn, kv, mats = (np.asarray(x, dtype=float) for x in (d, ffn, kv_frac, mats))
+    lin = None if model is None else mla.attention_linears(model)
+    if lin is None:
+        out = [((1.0 + 2.0 * kv) * d * d, 1.0, True), (d * d, 1.0, True)]
+    else:
+        out = [(i * o, 1.0, True) for i, o, _ in lin]
+    m = moe.terms(model) if model is not None else {"E": 0.0}
+    if not m["E"]:
+        return [*out, (d * ffn, mats, True)]
+    share = m["L_moe"] / float(model.n_layers)
+    one = d * m["f_e"]
+    return [
+        *out,
+        (d * ffn, mats * (1.0 - share), True),
+        (one, mats * m["E"] / np.asarray(ep, dtype=float) * share, False),
+        (m["n_sh"] * one, mats * share * (m["n_sh"] > 0), True),
+        (d * m["E"], share, True),
+    ]
+
+
 def collective_counts(
-    layers, stage_params, d, ffn, kv_frac, mats, t, deepspeed
+    layers, stage_params, d, ffn, kv_frac, mats, t, deepspeed, model=None, ep=1.0
 ) -> tuple[np.ndarray, np.ndarray]:
     """(all-gathers, reduce-scatters) per pass of one stage's ZeRO-3 parameters (module
     docstring): FSDP n + 1 each; DeepSpeed one gather per weight matrix of at least
-    DS_PERSISTENCE_THRESHOLD elements on this TP rank, plus the embedding, and
+    DS_PERSISTENCE_THRESHOLD elements on this TP rank (:func:`layer_matrices`; without
+    ``model`` fused QKV, projection and ``mats`` MLP matrices), plus the embedding, and
     ceil(stage parameters / DS_REDUCE_BUCKET) reduce-scatters (at least one)."""
-    n, d, ffn, kv, mats, t = (np.asarray(x, dtype=float) for x in (layers, d, ffn, kv_frac, mats, t))
+    n, t = (np.asarray(x, dtype=float) for x in (layers, t))
     per_module = n + 1.0
-    big = lambda elems: (elems / t >= DS_PERSISTENCE_THRESHOLD).astype(float)  # noqa: E731
-    mats_layer = big((1.0 + 2.0 * kv) * d * d) + big(d * d) + mats * big(d * ffn)
+    mats_layer = sum(
+        count * (elems / np.where(split, t, 1.0) >= DS_PERSISTENCE_THRESHOLD)
+        for elems, count, split in layer_matrices(d, ffn, kv_frac, mats, model, ep)
+    )
     ds_ag = np.maximum(n * mats_layer, 0.0) + 1.0
     ds_rs = np.maximum(np.ceil(np.asarray(stage_params, dtype=float) / DS_REDUCE_BUCKET), 1.0)
     ds = np.asarray(deepspeed, dtype=bool)
     return np.where(ds, ds_ag, per_module), np.where(ds, ds_rs, per_module)
 
 
-def largest_matrix(d, t, ffn, kv_frac) -> np.ndarray:
-    """Parameters of a layer's largest weight matrix on one TP rank: the fused QKV or one MLP
-    matrix."""
-    d, t, ffn, kv = (np.asarray(x, dtype=float) for x in (d, t, ffn, kv_frac))
-    return np.maximum((1.0 + 2.0 * kv) * d * d, d * ffn) / t
+def largest_matrix(d, t, ffn, kv_frac, model=None, mats=2.0, ep=1.0) -> np.ndarray:
+    """Parameters of a layer's largest weight matrix on one TP rank (:func:`layer_matrices`;
+    without ``model`` the fused QKV or one MLP matrix)."""
+    t = np.asarray(t, dtype=float)
+    sizes = [
+        np.where(np.asarray(count) > 0, elems / np.where(split, t, 1.0), 0.0)
+        for elems, count, split in layer_matrices(d, ffn, kv_frac, mats, model, ep)
+    ]
+    return np.maximum.reduce(np.broadcast_arrays(*sizes))
 
 
 def live_gathered_params(two_layers, largest_matrix, deepspeed) -> np.ndarray:
