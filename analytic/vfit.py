@@ -6,13 +6,16 @@ attention core's efficiency over the GEMMs' (``attn_eff_ratio``: fused attention
 are not GEMMs -- online softmax, exponentials on the special-function units, a recomputing
 backward -- and a trace-fitted device model times them on their own), each bounded to its
 physical range; with ``network`` also the inter-node bus bandwidth's scale over the
-machine's stated one (:func:`scaled_network`: what the software reached).  The attention
-ratio and the network scale are kept only where the calibration rows identify them
+machine's stated one (:func:`scaled_network`: what the software reached).  The element-wise
+factor, the attention ratio and the network scale are kept only where the calibration rows
+identify them (the GEMM plateau, which every row sees, always stays; until stop 21 the
+element-wise factor was always fitted, and on small splits ran to a bound and crowded out a
+network scale the rows did identify)
 (at least one residual degree of freedom, and the estimate significantly different from
 zero: |value| / stderr at least Student's t at 97.5 % with the fit's residual degrees of
 freedom -- 12.7 with one, 2.0 with many -- i.e. rows whose attention share differs:
 different sequence lengths or widths); otherwise the fit is repeated without it and the
-stated default 1 stands, said in ``not_identified`` (several: backward elimination, the
+system's value stands (the stated defaults: 5 passes, ratio 1, scale 1), said in ``not_identified`` (several: backward elimination, the
 least identified first; with no residual degree of freedom to judge them by, the one whose
 relative change moves the calibration rows least, :func:`_elasticity`).  The GEMM plateau's upper bound is the
 device's measured maximum achievable matmul over its peak, where the preset has one.  A
@@ -83,8 +86,9 @@ _SCALE = {"gemm_y_max": 0.1, "gemm_x_half_flop": 1.0, "vector_passes": 1.0, "att
 #: a fitted parameter is identified when |estimate| / stderr reaches Student's t at this
 #: quantile with the fit's residual degrees of freedom (two-sided 95 %)
 IDENTIFIED_QUANTILE = 0.975
-#: dropped (stated default) when the rows do not identify them
-_OPTIONAL = ("attn_eff_ratio", "net_busbw_scale")
+#: dropped (the system's value: a stated default) when the rows do not identify them; only the
+#: GEMM plateau, which every row sees, always stays
+_OPTIONAL = ("vector_passes", "attn_eff_ratio", "net_busbw_scale")
 
 
 def _apply(
@@ -164,7 +168,7 @@ def fit(
         n = min(weak)[2]
         i = names.index(n)
         why = "no residual degree of freedom" if dof < 1 else f"{res.x[i]:.3g} +- {se[i]:.2g}"
-        not_identified.append(f"{n} not identified by the calibration rows ({why}): stated default 1 kept")
+        not_identified.append(f"{n} not identified by the calibration rows ({why}): {_kept(systems, n)} kept")
         names, res, se, lo, hi = _least_squares(sub, systems, tuple(x for x in names if x != n), n_rows, cap)
     note = f"fitted to {n_rows} measured row(s) of a validation table"
     fitted = _apply(systems, names, res.x, se, note)
@@ -184,6 +188,16 @@ def fit(
     params["calibration_rmse_log"] = quality.rmse
     params["calibration_max_abs_pct"] = 100.0 * quality.max_abs_rel_err
     return fitted, params
+
+
+def _kept(systems: dict[str, System], name: str) -> str:
+    """What stands for an unidentified parameter: the stated default, or a calibration's value."""
+    if name != "vector_passes":
+        return "stated default 1"
+    from calib.analytic.timemodel import VECTOR_PASSES
+
+    v = next(iter(systems.values())).vector_passes
+    return f"stated default {v:g}" if v == VECTOR_PASSES else f"the calibration's {v:.3g}"
 
 
 def _ymax_cap(systems: dict[str, System]) -> float:

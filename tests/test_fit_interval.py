@@ -70,9 +70,9 @@ def test_predict_with_a_saved_fit_carries_the_interval(tmp_path):
 
 
 def test_no_interval_without_residual_degrees_of_freedom():
-    """torchtitan's every-third split fits 2 parameters to 2 rows: nothing left to measure the
+    """Llama 3's every-third split fits y_max alone to its one row: nothing left to measure the
     scatter with, so no interval and no coverage line."""
-    path = PUB / "torchtitan_fsdp2_a100_llama.csv"
+    path = PUB / "llama3_405b_table4_scaling.csv"
     df, _ = read_table(path)
     v = validate(df, str(path), calibrate_on="every-third")
     assert "n_inside_interval" not in v.summary and "inside" not in v.rows
@@ -102,12 +102,17 @@ def test_the_summary_states_the_bias():
 
 def test_the_row_table_shows_each_rows_interval():
     """The text output's per-row table carries the 90 % half-width and whether the row is
-    inside it (SC21 Table 2, every third row: the 530B ZeRO-3 rows at 1120 and 2240 GPUs,
-    predicted 25 % too slow, are OUT)."""
+    inside it (SC21 Table 2, every third row: the held-out ZeRO-3 rows at 768-2240 GPUs,
+    predicted 16-25 % too slow, are OUT of a 9.5 % half-width)."""
     out = run(
         "validate", str(PUB / "megatron_sc21_table2_ptdp_vs_zero3.csv"), "--calibrate-on", "every-third"
     ).output
     lines = [ln for ln in out.splitlines() if ln.strip().startswith("sc21t2-")]
     assert "90% ±" in out and len(lines) == 12
     outside = sorted(ln.split()[0] for ln in lines if " OUT" in ln)
-    assert outside == ["sc21t2-zero-3-530b-1120gpu", "sc21t2-zero-3-530b-2240gpu"]
+    assert outside == [
+        "sc21t2-zero-3-175b-1536gpu",
+        "sc21t2-zero-3-175b-768gpu",
+        "sc21t2-zero-3-530b-1120gpu",
+        "sc21t2-zero-3-530b-2240gpu",
+    ]

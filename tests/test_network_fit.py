@@ -45,19 +45,20 @@ def test_zero3_rows_predict_each_other_once_the_network_is_fitted():
 
 def test_without_residual_freedom_the_parameter_the_rows_move_least_goes_first():
     """Every third row of SC21 Table 2 is 4 rows for 4 parameters: with no residual degree of
-    freedom neither optional parameter can be judged, so the one whose relative change moves
+    freedom no optional parameter can be judged, so the one whose relative change moves
     the calibration rows least goes first (vfit._elasticity): the attention ratio, at one
-    sequence length.  The network scale is then judged with one degree of freedom and kept
-    (0.154 +- 0.004 clears t(0.975, 1) = 12.7 by far: the two ZeRO-3 rows at 384 and 640 GPUs
-    see it), and the held-out rows come out at 10.17 % median against 34.47 % with the compute
-    fit.  Bounds: 15 % and 25 % (observed rounded to 5 %)."""
+    sequence length.  With one degree of freedom the element-wise factor (9.08 +- 4.5) falls
+    short of t(0.975, 1) = 12.7 and goes next; the network scale is kept (0.154 +- 0.004
+    clears t(0.975, 2) = 4.3 by far: the two ZeRO-3 rows at 384 and 640 GPUs see it), and the
+    held-out rows come out at 9.25 % median against 34.47 % with the compute fit.  Bounds:
+    15 % and 25 % (observed rounded to 5 %)."""
     df, _ = read_table(SC21T2)
     net = validate(df, str(SC21T2), calibrate_on="every-third")
     comp = validate(df, str(SC21T2), calibrate_on="every-third", fit_kind="compute")
     assert net.params["fit"] == "network"  # the default
-    assert [n.split()[0] for n in net.params["not_identified"]] == ["attn_eff_ratio"]
+    assert [n.split()[0] for n in net.params["not_identified"]] == ["attn_eff_ratio", "vector_passes"]
     scale, se = net.params["net_busbw_scale"], net.params["net_busbw_scale_stderr"]
-    assert 0.1 < scale < 0.25 and scale >= 12.7 * se
+    assert 0.1 < scale < 0.25 and scale >= 4.3 * se
     assert net.summary["median_abs_pct"] < 15.0 < 25.0 < comp.summary["median_abs_pct"]
 
 
@@ -152,3 +153,18 @@ def test_search_notes_only_the_zero3_groups_its_top_layouts_spread_over_nodes():
     assert flat.exit_code == 0 and hybrid.exit_code == 0, flat.output + hybrid.output
     assert note in flat.output
     assert note not in hybrid.output
+
+
+def test_an_unidentified_element_wise_factor_does_not_crowd_out_the_network():
+    """A random third of SC21 Table 2 (seed 3: the ZeRO-3 rows at 1536 and 2240 GPUs, the
+    530B ZeRO-3 row at 640 and one PTD-P row).  Until stop 21 the element-wise factor was
+    always fitted: it ran to its bound (40 +- 330), the network scale (0.204 +- 0.029, one
+    degree of freedom) was dropped, and the held-out rows came out at 51.59 % median.  Judged
+    like the other optional parameters, the factor goes first and the scale stays: observed
+    8.78 %, bound 10 % (rounded up to 5 %)."""
+    df, _ = read_table(SC21T2)
+    v = validate(df, str(SC21T2), holdout=0.67, seed=3)
+    dropped = [n.split()[0] for n in v.params["not_identified"]]
+    assert "vector_passes" in dropped and "net_busbw_scale" not in dropped
+    assert 0.1 < v.params["net_busbw_scale"] < 0.3
+    assert v.summary["median_abs_pct"] < 10.0

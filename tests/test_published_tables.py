@@ -242,23 +242,27 @@ def test_jean_zay_preset_is_four_100g_links_per_node():
 
 
 # (table, held-out rows, observed median |err| % when added, bound = observed rounded up to 5 %)
+# Stop 21: the element-wise traffic factor is kept only where identified, as the attention
+# ratio and the network scale are (analytic.vfit): BLOOM 1.60 -> 2.09, SC21 Table 2 10.17 ->
+# 9.25, Korthikanti 1.67 -> 3.90, Megatron 2020 2.98 -> 4.81, FP8 8.77 -> 6.18, torchtitan
+# 2.44 -> 6.28 (the observed values below are these).
 EVERY_THIRD = [
-    (BLOOM, 12, 1.60, 5.0),
+    (BLOOM, 12, 2.09, 5.0),
     (MTNLG, 2, 2.50, 5.0),
-    (SC21T2, 8, 34.47, 35.0),  # 35.57 before DeepSpeed's ZeRO-3 gathered tensor by tensor
+    (SC21T2, 8, 9.25, 10.0),  # 34.47 with the compute fit; 10.17 with the network fit (stop 20)
     (PUB / "megatron_sc21_table1_weak_scaling.csv", 6, 3.05, 5.0),
-    (PUB / "korthikanti2022_table5_iteration_times.csv", 5, 1.67, 5.0),
-    (PUB / "megatron_readme_2020_tp_dp_scaling_iteration_times.csv", 8, 2.98, 5.0),
+    (PUB / "korthikanti2022_table5_iteration_times.csv", 5, 3.90, 5.0),
+    (PUB / "megatron_readme_2020_tp_dp_scaling_iteration_times.csv", 8, 4.81, 5.0),
     # A flash backward's recomputed scores (analytic.context.FLASH_BWD_OVER_FWD) moved the
     # flash-attention tables: A100 9.06 -> 7.30, H100 BF16 12.97 -> 10.68, FP8 12.92 -> 8.77,
     # torchtitan 6.94 -> 6.13, Llama 3 7.17 -> 3.51; then the attention efficiency ratio, fitted
     # where the calibration rows identify it (analytic.vfit), the three llm-foundry tables:
     (PUB / "mosaicml_llmfoundry_fsdp_a100.csv", 92, 3.65, 5.0),
     (H100, 34, 4.16, 5.0),
-    (H100_FP8, 6, 8.77, 10.0),  # 4 calibration rows: the attention ratio is not identified (Student's t)
+    (H100_FP8, 6, 6.18, 10.0),  # 4 calibration rows: the attention ratio is not identified (Student's t)
     # added at stop 17 (split every-third, decided before running); 6.13 before its "selective
     # op" rows ran as torchtitan's op-level SAC (recompute op) instead of the attention core
-    (TORCHTITAN, 4, 2.44, 5.0),
+    (TORCHTITAN, 4, 6.28, 10.0),
     (LLAMA3, 2, 3.51, 5.0),  # calibrate on row 1 (decided before running, fixtures/published/SOURCE.txt)
 ]
 

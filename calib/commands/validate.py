@@ -40,9 +40,9 @@ def _folds(it):
 
 \b
 The efficiencies the tables can identify (GEMM efficiency y_max, capped at the device's
-measured achievable matmul; the element-wise traffic factor; the attention core's
-efficiency over the GEMMs' and the inter-node bus bandwidth the software reached, these two
-kept only where the rows identify them; --fit) are fitted by least squares on a stated
+measured achievable matmul; the element-wise traffic factor, the attention core's
+efficiency over the GEMMs' and the inter-node bus bandwidth the software reached, these
+three kept only where the rows identify them; --fit) are fitted by least squares on a stated
 subset and errors are reported on the other rows only:
   --calibrate-on ROWS   1-based rows, ranges (3-5), labels or group tags, e.g. 1,4,7,10 or full
   --calibrate-on every-third   rows 1, 4, 7, ... by position (chosen before any error is seen)
