@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from calib.analytic import formulas as F
 from calib.analytic.memory import stages_in_flight
+from calib.analytic.mla import op_sac_attention
 from calib.calibrate import device_step as D
 from calib.calibrate.device_model import DeviceModel, Family
 
@@ -61,10 +62,13 @@ def layer_terms(
     passes = np.where(rc == F.FULL, 2.0, 1.0)
     # op-level SAC re-runs every second matmul (a share of the linear forward) and every
     # element-wise op (as full recompute does)
+    # (MLA: the real projections' even matmuls, analytic.mla.op_sac_attention)
     lin_fwd = 2.0 * T * D.layer_params(sh.d, sh.a, sh.kv, sh.ffn, sh.mlp, sh.attn)
-    op_share = (
-        F.op_sac_recompute_flops(np.asarray(b, dtype=float), sh.s, sh.d, sh.ffn, sh.kv / sh.a) / lin_fwd
+    mats, op_attn = 3.0 if sh.mlp == "swiglu" else 2.0, op_sac_attention(sh.attn, sh.d)
+    op_fl = F.op_sac_recompute_flops(
+        np.asarray(b, dtype=float), sh.s, sh.d, sh.ffn, sh.kv / sh.a, op_attn, mats
     )
+    op_share = op_fl / lin_fwd
     gemm_passes = np.where(rc == F.OP, 1.0 + op_share, passes)
     stream_passes = np.where(rc == F.OP, 2.0, passes)
     fp8 = np.asarray(fp8, dtype=bool)
@@ -75,7 +79,6 @@ def layer_terms(
     attn = attn_scale * attn * np.where(selective, 4.5 / 3.5, 1.0)  # selective: the core's forward once more
     stream = D.stream_layer_s(dm, fam, T, sh.d, sh.ffn, t, sp, stream_passes)
     if np.any(fp8):
-        mats = 3.0 if sh.mlp == "swiglu" else 2.0
         casts = PR.cast_bytes_layer(T, sh.d, sh.ffn, sh.kv / sh.a, mats, t, passes)  # as the spec path
         stream = stream + np.where(fp8, casts / (dm.stream_tbps.value * 1e12), 0.0)
     return {"transformer": gemm + attn, "stream": stream}
@@ -107,7 +110,9 @@ def memory(
     full_scale = (2.0 * sh.d / per_layer) + 1.0 / np.maximum(np.ceil(sh.L / p_), 1.0)
     # op-level SAC keeps what it saves (formulas.op_sac_kept_coeff) of the no-recompute set
     op_scale = (
-        F.op_sac_kept_coeff(sh.ffn / sh.d, sh.kv / sh.a, 3.0 if sh.mlp == "swiglu" else 2.0)
+        F.op_sac_kept_coeff(
+            sh.ffn / sh.d, sh.kv / sh.a, 3.0 if sh.mlp == "swiglu" else 2.0, op_sac_attention(sh.attn, sh.d)
+        )
         * sh.d
         / per_layer
     )

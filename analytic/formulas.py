@@ -49,21 +49,32 @@ def attention_recomputed(recompute: ArrayLike) -> np.ndarray:
 
 
 def op_sac_recompute_flops(b: ArrayLike, s: ArrayLike, d: ArrayLike, ffn: ArrayLike | None = None,
-                           kv_frac: ArrayLike = 1.0) -> np.ndarray:  # fmt: skip
+                           kv_frac: ArrayLike = 1.0, attn_op: tuple | None = None, mats: ArrayLike = 2.0) -> np.ndarray:  # fmt: skip
     """Forward FLOPs op-level SAC re-runs per layer: every second matmul of the block
     (torchtitan ``_custom_policy``: "Saves output of all compute ops, except every second
     mm"; order wq, wk, wv, wo, w1, [w3,] w2), i.e. wk, wo and the MLP's second matrix:
-    2 b s (d^2 kv/a + d^2 + d f)."""
+    2 b s (d^2 kv/a + d^2 + d f).  ``attn_op``: (re-run weights, kept bytes per s b d, matmul
+    count) of other attention projections (analytic.mla.op_sac_attention); after an odd count
+    the MLP's first matmul is an even one: w1 and w2 re-run with SwiGLU, w1 with GeLU,
+    2 b s (re-run weights + (mats - 1) d f)."""
     b, s, d = (np.asarray(x, dtype=float) for x in (b, s, d))
     f = 4.0 * d if ffn is None else np.asarray(ffn, dtype=float)
+    if attn_op is not None:
+        mlp = (np.asarray(mats, dtype=float) - 1.0) if attn_op[2] % 2 else 1.0
+        return 2.0 * b * s * (attn_op[0] + mlp * d * f)
     return 2.0 * b * s * (d * d * np.asarray(kv_frac, dtype=float) + d * d + d * f)
 
 
-def op_sac_kept_coeff(ffn_over_d: ArrayLike, kv_frac: ArrayLike, mats: ArrayLike) -> np.ndarray:
+def op_sac_kept_coeff(ffn_over_d: ArrayLike, kv_frac: ArrayLike, mats: ArrayLike, attn_op: tuple | None = None) -> np.ndarray:  # fmt: skip
     """Bytes per s b d op-level SAC keeps per layer: the block input, wq's and wv's outputs
     (1 + kv/a), the attention output, w1's output (f/d) and, with SwiGLU, w2's (the saved
-    matmuls are the odd ones of wq, wk, wv, wo, w1, [w3,] w2), 2 bytes each."""
+    matmuls are the odd ones of wq, wk, wv, wo, w1, [w3,] w2), 2 bytes each.  ``attn_op``
+    (:func:`op_sac_recompute_flops`): the block input + its attention bytes + after an odd
+    count w3's output (f/d) with SwiGLU, w2's (1) with GeLU."""
     f, kv, mt = (np.asarray(x, dtype=float) for x in (ffn_over_d, kv_frac, mats))
+    if attn_op is not None:
+        mlp = np.where(mt >= 3.0, f, 1.0) if attn_op[2] % 2 else f + np.where(mt >= 3.0, 1.0, 0.0)
+        return 2.0 * (1.0 + mlp) + attn_op[1]
     return 2.0 * (1.0 + 1.0 + kv + 1.0 + f + np.where(mt >= 3.0, 1.0, 0.0))
 
 
@@ -120,15 +131,16 @@ def forward_flops_layer(b: ArrayLike, s: ArrayLike, d: ArrayLike, ffn: ArrayLike
 
 def training_flops_layers(
     b: ArrayLike, s: ArrayLike, d: ArrayLike, L: ArrayLike, recompute: ArrayLike = NONE,
-    ffn: ArrayLike | None = None, kv_frac: ArrayLike = 1.0, mlp_mats: ArrayLike = 2.0, attn=None,
+    ffn: ArrayLike | None = None, kv_frac: ArrayLike = 1.0, mlp_mats: ArrayLike = 2.0, attn=None, attn_op=None,
 ) -> np.ndarray:  # fmt: skip
     """Training FLOPs of the layers: 3 x forward (GPT: b (72 s d^2 + 12 s^2 d) l), plus recompute.
-    ``attn``: attention projection weights per layer (:func:`layer_matrix_params`)."""
+    ``attn``: attention projection weights per layer (:func:`layer_matrix_params`); ``attn_op``:
+    their op-level SAC terms (:func:`op_sac_recompute_flops`)."""
     fwd = forward_flops_layer(b, s, d, ffn, kv_frac, mlp_mats, attn)
     rc = np.asarray(recompute)
     b, s, d = (np.asarray(x, dtype=float) for x in (b, s, d))
     extra = np.where(rc == FULL, fwd, np.where(rc == SELECTIVE, 4.0 * b * s * s * d, 0.0))
-    extra = np.where(rc == OP, op_sac_recompute_flops(b, s, d, ffn, kv_frac), extra)
+    extra = np.where(rc == OP, op_sac_recompute_flops(b, s, d, ffn, kv_frac, attn_op, mlp_mats), extra)
     return (3.0 * fwd + extra) * np.asarray(L, dtype=float)
 
 
@@ -183,6 +195,7 @@ def activation_bytes_layer(
     mats: ArrayLike = 2.0,
     dropout: ArrayLike = True,
     mla_kept: tuple | None = None,
+    attn_op: tuple | None = None,
 ) -> np.ndarray:
     """Activation bytes one layer keeps for backward, per GPU (Korthikanti et al. 2022).
 
@@ -195,7 +208,8 @@ def activation_bytes_layer(
     Without ``dropout`` (Llama, Mixtral, DeepSeek) there are no masks: the two 1-byte s b d
     masks go, and of the 5 a s / d only the softmax output (2) stays.
     ``mla_kept``: multi-head latent attention's (split, replicated) coefficients
-    (analytic.mla.attention_kept_coeffs) in place of Q, K, V and the output's 4 + 4 kv/a.
+    (analytic.mla.attention_kept_coeffs) in place of Q, K, V and the output's 4 + 4 kv/a;
+    ``attn_op``: its op-level SAC terms (:func:`op_sac_kept_coeff`).
     """
     b, s, d, a, t = (np.asarray(x, dtype=float) for x in (b, s, d, a, t))
     sp = np.asarray(seq_parallel, dtype=bool)
@@ -211,7 +225,7 @@ def activation_bytes_layer(
         replicated = replicated + mla_kept[1]
     linear = np.where(sp, (replicated + split) / t, replicated + split / t)
     full = 2.0 * sbd / np.where(sp, t, 1.0)
-    op = sbd * op_sac_kept_coeff(ffn_over_d, kv_frac, mats) / t  # split like the linear layers
+    op = sbd * op_sac_kept_coeff(ffn_over_d, kv_frac, mats, attn_op) / t  # split like the linear layers
     out = np.where(rc == FULL, full, np.where(rc == SELECTIVE, sbd * linear, sbd * (linear + attn)))
     return np.where(rc == OP, op, out)
 

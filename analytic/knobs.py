@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from calib.analytic import formulas as F
 from calib.analytic import overlap as OV
-from calib.analytic.mla import attention_kept_coeffs
+from calib.analytic.mla import attention_kept_coeffs, op_sac_terms
 from calib.analytic.shape_terms import shape_terms
 
 TP_OVERLAP = ("none", "pipe", "ring")
@@ -55,7 +55,7 @@ def knob_terms(model, st, r: dict, tp_overlap, tp_redo, trailing: bool = False) 
     s, d, a = (np.asarray(x, dtype=float) for x in (model.seq_len, model.d_model, model.n_heads))
     ffn, kv, mats, _ = shape_terms(model)
     per_layer = ex(F.activation_bytes_layer(b, s, d, a, t, st.seq_parallel, st.recompute, st.flash_attention,
-                                            ffn / d, kv, mats, model.shape_extras.get("dropout", True), attention_kept_coeffs(model)))  # fmt: skip
+                                            ffn / d, kv, mats, model.shape_extras.get("dropout", True), attention_kept_coeffs(model), op_sac_terms(model)))  # fmt: skip
     gathered = ex(4.0 * s * b * d * (1.0 - 1.0 / t))
     d_mem = np.where(sp & ~np.asarray(tp_redo, dtype=bool) & ~full,
                      ex(r["mem_activations_bytes"]) * gathered / np.maximum(per_layer, 1e-30), 0.0)  # fmt: skip

@@ -138,6 +138,23 @@ def attention_kept_coeffs(model) -> tuple[float, float] | None:
     return 2.0 * (q + k + v + o) / d, 2.0 * (2.0 * q_r + 2.0 * kv_r + rope) / d
 
 
+def op_sac_attention(linears, d) -> tuple[float, float, int] | None:
+    """(re-run weights, kept bytes per s b d, matmul count) of the attention projections
+    ``linears`` (:func:`attention_linears`, in torchtitan's call order: q_a, q_b or q, kv_a,
+    kv_b, o) under op-level SAC (formulas.op_sac_recompute_flops): the even ones re-run, the odd
+    ones' outputs and the attention output (o's input) kept, 2 bytes a value.  None: full heads."""
+    if linears is None:
+        return None
+    rerun = sum(i * o for k, (i, o, _) in enumerate(linears) if k % 2)
+    kept = sum(o for k, (_, o, _) in enumerate(linears) if not k % 2) + linears[-1][0]
+    return float(rerun), 2.0 * kept / float(d), len(linears)
+
+
+def op_sac_terms(model) -> tuple[float, float, int] | None:
+    """:func:`op_sac_attention` of the model's MLA projections; None without MLA."""
+    return op_sac_attention(attention_linears(model), model.d_model)
+
+
 def _kept_widths(model) -> tuple:
     ex = model.shape_extras
     d, a, kv = float(model.d_model), float(model.n_heads), float(ex["kv"])
@@ -216,7 +233,7 @@ def iteration_flops(model, B, rc, ffn, attn) -> tuple[np.ndarray, np.ndarray]:
     mtp_fl, mtp_hw = mtp_iteration_flops(model, B, s, rc)
     model_fl = moe + B * (F.training_flops_layers(1.0, s, d, L, F.NONE, ffn, kv_frac, mats, attn) + head)
     hw_fl = moe * np.where(rc == F.FULL, 4.0 / 3.0, 1.0) + B * (
-        F.training_flops_layers(1.0, s, d, L, rc, ffn, kv_frac, mats, attn) + head
+        F.training_flops_layers(1.0, s, d, L, rc, ffn, kv_frac, mats, attn, op_sac_terms(model)) + head
     )
     return model_fl + mtp_fl, hw_fl + mtp_hw
 

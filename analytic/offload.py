@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from calib.analytic import formulas as F
-from calib.analytic.mla import attention_kept_coeffs
+from calib.analytic.mla import attention_kept_coeffs, op_sac_terms
 from calib.analytic.timemodel import attention_proj_params, shape_terms
 
 RESIDENT_LAYERS = 2.0
@@ -73,9 +73,9 @@ def offload_terms(model, st, r: dict, off: Offload, hw, trailing: bool = False) 
     aw = attention_proj_params(model)  # attention projection weights per layer (MLA: low rank)
     layer_w = ex(F.BYTES_PER_VALUE * F.layer_matrix_params(d, ffn, kv, mats, aw) / t)
     layer_a = ex(F.activation_bytes_layer(b, s, d, a, t, st.seq_parallel, st.recompute, st.flash_attention,
-                                          ffn / d, kv, mats, model.shape_extras.get("dropout", True), attention_kept_coeffs(model)))  # fmt: skip
+                                          ffn / d, kv, mats, model.shape_extras.get("dropout", True), attention_kept_coeffs(model), op_sac_terms(model)))  # fmt: skip
     f_fwd = F.forward_flops_layer(b, s, d, ffn, kv, mats, aw)
-    f_all = F.training_flops_layers(b, s, d, 1.0, st.recompute, ffn, kv, mats, aw)
+    f_all = F.training_flops_layers(b, s, d, 1.0, st.recompute, ffn, kv, mats, aw, op_sac_terms(model))
     t_layer = ex(r["compute_s"] / (m * lps))
     t_f, t_b = t_layer * ex(f_fwd / f_all), t_layer * ex(1.0 - f_fwd / f_all)
     wo, ao, oo = off.weight_offload, off.activation_offload, off.optimizer_offload

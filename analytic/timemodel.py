@@ -255,7 +255,7 @@ def evaluate(
     s_loc, ffn_c, flash = X.local_shape(model, st, s, ffn)
     attn_w = attention_proj_params(model)  # attention projection weights per layer (MLA: low rank)
     f_fwd = F.forward_flops_layer(b, s_loc, d, ffn_c, kv_frac, mats, attn_w) / t
-    f_train = F.training_flops_layers(b, s_loc, d, 1.0, rc, ffn_c, kv_frac, mats, attn_w) / t
+    f_train = F.training_flops_layers(b, s_loc, d, 1.0, rc, ffn_c, kv_frac, mats, attn_w, MLA.op_sac_terms(model)) / t  # fmt: skip
     f_head = F.lm_head_flops(b, s_loc, d, V) / t
     # the attention core: 4 b s^2 d / t in the formulas, x the model's head widths (MLA)
     attn_fwd = X.attn_fwd_flops(b, s_loc, d, t)
@@ -373,9 +373,9 @@ def evaluate(
             mem = X.adjust_dm_memory(mem, model, sm, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc)
     else:
         drop = bool(model.shape_extras.get("dropout", True))  # dropout masks kept (formulas)
-        acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, False, (ffn_c / d, kv_frac, mats, drop, MLA.attention_kept_coeffs(model)))  # fmt: skip
+        acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, False, (ffn_c / d, kv_frac, mats, drop, MLA.attention_kept_coeffs(model), MLA.op_sac_terms(model)))  # fmt: skip
         lg = logits_bytes(b, s_loc, V, t, p)
-        one = F.activation_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, ffn_c / d, kv_frac, mats, drop, MLA.attention_kept_coeffs(model))  # fmt: skip
+        one = F.activation_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, ffn_c / d, kv_frac, mats, drop, MLA.attention_kept_coeffs(model), MLA.op_sac_terms(model))  # fmt: skip
         acts = acts + MLA.mtp_activation_bytes(model, p, one, lg, st.schedule)  # analytic.mla
         big, lay = ZO.largest_matrix(d, t, ffn, kv_frac, model, mats, sm.ep), X.layer_params_gpu(model, t)  # fmt: skip
         if st.is_modern or X.MOE.is_moe(model):

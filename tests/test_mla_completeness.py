@@ -1,0 +1,68 @@
+"""Multi-head latent attention where the model used to take full heads of d / a: op-level SAC's
+re-run matmuls and kept outputs, context parallelism's K/V bytes, FP8 casts, and the MTP block
+as a ZeRO-3 gathered layer (analytic/mla.py module docstring).
+
+DeepSeek-V3 (analytic/data/models.yaml, config.json: d 7168, 128 heads, q_lora_rank 1536,
+kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128 -> qk head 192, v head 128, dense
+SwiGLU ffn 18432).  Its projections (in -> out): q_a 7168 -> 1536, q_b 1536 -> 24576 (128 x 192),
+kv_a 7168 -> 576 (512 + 64), kv_b 512 -> 32768 (128 x (128 + 128)), o 16384 (128 x 128) -> 7168.
+Non-MLA models (llama3-8b) must give exactly the numbers of the full-head formulas."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from calib.analytic import formulas as F
+from calib.analytic import mla as MLA
+from calib.analytic.specs import load_model
+
+LLAMA, DSV3 = (load_model(n) for n in ("llama3-8b", "deepseek-v3"))
+D, FFN, S = 7168.0, 18432.0, 4096.0
+
+
+def test_op_sac_follows_the_mla_projections():
+    """torchtitan's op-SAC re-runs every second mm of the block (``_custom_policy``); its
+    DeepSeek-V3 Attention.forward calls wq_a, wq_b, wkv_a, wkv_b, wo (models/deepseek_v3/model/
+    model.py), then the MLP's w1, w3, w2.  Re-run: q_b 1536 x 24576 = 37,748,736 and kv_b
+    512 x 32768 = 16,777,216 (54,525,952), then -- five attention mms, so the MLP starts on an
+    even one -- w1 and w2, 2 x 7168 x 18432 = 264,241,152: forward FLOPs 2 s x 318,767,104 =
+    2,611,340,115,968 at s 4096 (full heads said 2 s (2 d^2 + d f) = 1,924,145,348,608).
+    Kept per token, 2 bytes a value: the block input 7168, q_a's 1536, kv_a's 576, o's 7168,
+    the attention output 16384 (o's input) and w3's 18432: 102,528 bytes (full heads: 2 (5 d + f)
+    = 108,544); x 4096 tokens = 419,954,688 bytes per layer at TP 1."""
+    op = MLA.op_sac_terms(DSV3)
+    assert op == (54_525_952.0, pytest.approx(2 * 25_664 / D), 5)
+    assert float(F.op_sac_recompute_flops(1, S, D, FFN, 1.0, op, 3.0)) == 2_611_340_115_968
+    assert float(F.op_sac_recompute_flops(1, S, D, FFN, 1.0)) == 1_924_145_348_608
+    assert float(F.op_sac_kept_coeff(FFN / D, 1.0, 3.0, op)) * D == pytest.approx(102_528, rel=1e-12)
+    kept = MLA.attention_kept_coeffs(DSV3)
+    one = F.activation_bytes_layer(1, S, D, 128, 1, False, F.OP, True, FFN / D, 1.0, 3.0, False, kept, op)
+    assert float(one) == pytest.approx(419_954_688, rel=1e-12)
+    extra = F.training_flops_layers(1, S, D, 1, F.OP, FFN, 1.0, 3.0, 187_105_280.0, op) - (
+        F.training_flops_layers(1, S, D, 1, F.NONE, FFN, 1.0, 3.0, 187_105_280.0, op)
+    )
+    assert float(extra) == pytest.approx(2_611_340_115_968, rel=1e-12)
+
+
+def test_op_sac_full_rank_query_keeps_the_old_parity():
+    """q_lora_rank 0: q, kv_a, kv_b, o (four mms, the MLP starts on an odd one as with full
+    heads).  Re-run kv_a 7168 x 576 = 4,128,768 + o 16384 x 7168 = 117,440,512 = 121,569,280;
+    kept: q's 24576 + kv_b's 32768 + the attention output 16384 = 73,728 values; with the block
+    input and w1's and w2's outputs 2 (73,728 + 7168 + 18432 + 7168) = 212,992 bytes per token."""
+    op = MLA.op_sac_terms(replace(DSV3, q_lora_rank=None))
+    assert op[0] == 121_569_280 and op[2] == 4
+    assert float(F.op_sac_kept_coeff(FFN / D, 1.0, 3.0, op)) * D == pytest.approx(212_992, rel=1e-12)
+    assert float(F.op_sac_recompute_flops(1, S, D, FFN, 1.0, op, 3.0)) == 2 * S * (121_569_280 + D * FFN)
+
+
+def test_op_sac_non_mla_unchanged():
+    """Llama 3 8B: no MLA terms, and the op-SAC numbers are the full-head formulas' exactly
+    (tests/test_op_sac.py: 2 s (d^2/4 + d^2 + d f) and 15.5 d bytes)."""
+    assert MLA.op_sac_terms(LLAMA) is None
+    d, s, f = 4096.0, 8192.0, 14336.0
+    assert float(F.op_sac_recompute_flops(1, s, d, f, 0.25, MLA.op_sac_terms(LLAMA), 3.0)) == 2 * s * (
+        d * d / 4 + d * d + d * f
+    )
+    args = (1, s, d, 32, 1, False, F.OP, True, f / d, 0.25, 3.0, False)
+    assert F.activation_bytes_layer(*args, None, None) == F.activation_bytes_layer(*args) == 15.5 * s * d
