@@ -24,6 +24,16 @@ attention core needs every key and value:
   and dV.  With grouped-query attention K and V are small, which is why Llama 3 chose it;
   not overlapped.
 
+**Multi-head latent attention** (analytic.mla): what crosses the CP group is the up-projected
+K (a h_qk per token: the nope part from kv_b and the shared RoPE key broadcast to every head)
+and V (a h_v), not the kv latent: Megatron-Core's MLASelfAttention
+(megatron/core/transformer/multi_latent_attention.py, ``get_query_key_value_tensors``)
+up-projects each CP rank's own tokens through ``linear_kv_up_proj`` and hands per-head query,
+key and value to the context-parallel core attention (Transformer Engine), which exchanges K
+and V as for any attention.  DeepSeek-V3 (128 heads of 192 and 128): 40,960 values per token
+where 2 d kv/a said 14,336.  Ulysses' all-to-alls carry q, k, v (a (2 h_qk + h_v)) and the
+output (a h_v); Llama 3's all-gather the same K and V.
+
 Attention FLOPs of one layer, forward, whole sequence: 4 b s^2 d (QK^T and AV, the
 convention of Narayanan et al. 2021 eq. 3; a causal kernel computes about half,
 ``causal_fraction``).  Per GPU under CP: 4 b s^2 d / (c t) with load balance.  A fused
@@ -82,32 +92,44 @@ def attention_flops_per_gpu(b, s, d, cp, t) -> np.ndarray:
     return attention_flops(b, s, d) / (np.asarray(cp, dtype=float) * np.asarray(t, dtype=float))
 
 
-def ring_step_bytes(b, s, d, kv_frac, cp, t, bytes_per_value=2.0) -> np.ndarray:
-    """Bytes one GPU sends per ring step in forward: K and V of its s / c tokens."""
+def ring_step_bytes(b, s, d, kv_frac, cp, t, bytes_per_value=2.0, widths=None) -> np.ndarray:
+    """Bytes one GPU sends per ring step in forward: K and V of its s / c tokens.  ``widths``:
+    (q, k, v, attention output) values per token of other heads (MLA, module docstring)."""
     b, s, d, kv_frac, cp, t = (np.asarray(x, dtype=float) for x in (b, s, d, kv_frac, cp, t))
+    if widths is not None:
+        return b * (s / cp) * (widths[1] + widths[2]) / t * bytes_per_value
     return 2.0 * b * (s / cp) * d * kv_frac / t * bytes_per_value
 
 
-def ring_bytes_layer(b, s, d, kv_frac, cp, t, recompute_full=False, bytes_per_value=2.0) -> np.ndarray:
+def ring_bytes_layer(
+    b, s, d, kv_frac, cp, t, recompute_full=False, bytes_per_value=2.0, widths=None
+) -> np.ndarray:
     """Bytes one GPU sends per layer and micro-batch: (c - 1) steps forward, 2 (c - 1)
     backward (K, V and dK, dV), (c - 1) more with full recompute."""
     c = np.asarray(cp, dtype=float)
     steps = (c - 1.0) * np.where(np.asarray(recompute_full, dtype=bool), 4.0, 3.0)
-    return steps * ring_step_bytes(b, s, d, kv_frac, cp, t, bytes_per_value)
+    return steps * ring_step_bytes(b, s, d, kv_frac, cp, t, bytes_per_value, widths)
 
 
-def ulysses_buffer_bytes(b, s, d, kv_frac, cp, t, bytes_per_value=2.0) -> tuple[np.ndarray, np.ndarray]:
+def ulysses_buffer_bytes(b, s, d, kv_frac, cp, t, bytes_per_value=2.0, widths=None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """(Q K V all-to-all buffer, output all-to-all buffer) per GPU, forward, one layer:
-    (1 + 2 kv/a) b (s / c) d / t and b (s / c) d / t values."""
+    (1 + 2 kv/a) b (s / c) d / t and b (s / c) d / t values; with ``widths``
+    (:func:`ring_step_bytes`) (q + k + v) b (s / c) / t and o b (s / c) / t."""
     b, s, d, kv_frac, cp, t = (np.asarray(x, dtype=float) for x in (b, s, d, kv_frac, cp, t))
+    if widths is not None:
+        tok = b * (s / cp) / t * bytes_per_value
+        return (widths[0] + widths[1] + widths[2]) * tok, widths[3] * tok
     tok = b * (s / cp) * d / t * bytes_per_value
     return (1.0 + 2.0 * kv_frac) * tok, tok
 
 
-def allgather_kv_bytes(b, s, d, kv_frac, t, bytes_per_value=2.0) -> np.ndarray:
+def allgather_kv_bytes(b, s, d, kv_frac, t, bytes_per_value=2.0, widths=None) -> np.ndarray:
     """All-gather buffer (nccl-tests size: the gathered output) of K and V per layer and GPU:
-    2 b s d kv/a / t values; each GPU contributes 1/c of it."""
+    2 b s d kv/a / t values (with ``widths``, :func:`ring_step_bytes`: b s (k + v) / t); each
+    GPU contributes 1/c of it."""
     b, s, d, kv_frac, t = (np.asarray(x, dtype=float) for x in (b, s, d, kv_frac, t))
+    if widths is not None:
+        return b * s * (widths[1] + widths[2]) / t * bytes_per_value
     return 2.0 * b * s * d * kv_frac / t * bytes_per_value
 
 

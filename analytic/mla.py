@@ -155,6 +155,13 @@ def op_sac_terms(model) -> tuple[float, float, int] | None:
     return op_sac_attention(attention_linears(model), model.d_model)
 
 
+def head_widths(model) -> tuple | None:
+    """(q, k, v, attention output) values per token before TP: a h_qk, a h_qk, a h_v, a h_v
+    with a kv latent (kv heads for k, v without); None without MLA.  Kept activations
+    (:func:`attention_kept_coeffs`) and context parallelism's K/V bytes (analytic.context)."""
+    return _kept_widths(model)[0] if uses_mla(model) else None
+
+
 def _kept_widths(model) -> tuple:
     ex = model.shape_extras
     d, a, kv = float(model.d_model), float(model.n_heads), float(ex["kv"])

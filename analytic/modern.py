@@ -15,6 +15,7 @@ import numpy as np
 from calib.analytic import context as CP
 from calib.analytic import formulas as F
 from calib.analytic import hybrid as HY
+from calib.analytic import mla as MLA
 from calib.analytic import moe as MOE
 from calib.analytic import overlap as OV
 from calib.analytic import precision as PR
@@ -166,14 +167,14 @@ def comm_extra(model, cal, gpn, st, b, s, d, kv_frac) -> dict[str, np.ndarray]:
         disp = load * MOE.dispatch_bytes(T, mo["k"], d, mo["cap"], bpv)
         comb = load * MOE.dispatch_bytes(T, mo["k"], d, mo["cap"], F.BYTES_PER_VALUE)
         out["ep_dispatch_s"], out["ep_combine_s"] = _many(cal, ALLTOALL, (disp, ep, k_ep), (comb, ep, k_ep))
-    if np.any(cp > 1):
-        k_cp = members_per_node(cp, t, gpn)
-        step = CP.ring_step_bytes(b, s, d, kv_frac, cp, t)
+    if np.any(cp > 1):  # MLA: its up-projected K and V (analytic.context)
+        k_cp, w = members_per_node(cp, t, gpn), MLA.head_widths(model)
+        step = CP.ring_step_bytes(b, s, d, kv_frac, cp, t, widths=w)
         out["cp_ring_step_s"], out["cp_ring_step_bwd_s"] = _ring_step_s(cal, step, cp, k_cp)
-        qkv, o = CP.ulysses_buffer_bytes(b, s, d, kv_frac, cp, t)
+        qkv, o = CP.ulysses_buffer_bytes(b, s, d, kv_frac, cp, t, widths=w)
         a, b_ = _many(cal, ALLTOALL, (qkv, cp, k_cp), (o, cp, k_cp))
         out["cp_a2a_s"] = a + b_
-        kv = CP.allgather_kv_bytes(b, s, d, kv_frac, t)
+        kv = CP.allgather_kv_bytes(b, s, d, kv_frac, t, widths=w)
         out["cp_ag_s"] = group_time_s(cal, ALLGATHER, kv, cp, k_cp)
         out["cp_rs_s"] = group_time_s(cal, REDUCESCATTER, kv, cp, k_cp)
     return out

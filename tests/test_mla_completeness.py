@@ -66,3 +66,48 @@ def test_op_sac_non_mla_unchanged():
     )
     args = (1, s, d, 32, 1, False, F.OP, True, f / d, 0.25, 3.0, False)
     assert F.activation_bytes_layer(*args, None, None) == F.activation_bytes_layer(*args) == 15.5 * s * d
+
+
+def test_context_parallel_exchanges_the_up_projected_k_and_v():
+    """Megatron-Core's MLA up-projects K and V on each CP rank (multi_latent_attention.py) and
+    its CP attention exchanges them: per token k 128 x 192 = 24,576 and v 128 x 128 = 16,384
+    values (40,960; full heads 2 d kv/a = 14,336).  b 1, s 4096, CP 4, TP 1, bf16: a ring step
+    1024 x 40,960 x 2 = 83,886,080 bytes (full heads 29,360,128); Ulysses q + k + v 1024 x
+    65,536 x 2 = 134,217,728 and the output 1024 x 16,384 x 2 = 33,554,432; Llama 3's
+    all-gather of K and V 4096 x 40,960 x 2 = 335,544,320."""
+    from calib.analytic import context as CP
+
+    w = MLA.head_widths(DSV3)
+    assert w == (24_576.0, 24_576.0, 16_384.0, 16_384.0)
+    assert float(CP.ring_step_bytes(1, S, D, 1.0, 4, 1, widths=w)) == 83_886_080
+    assert float(CP.ring_step_bytes(1, S, D, 1.0, 4, 1)) == 29_360_128
+    assert float(CP.ring_bytes_layer(1, S, D, 1.0, 4, 1, widths=w)) == 9 * 83_886_080
+    qkv, o = CP.ulysses_buffer_bytes(1, S, D, 1.0, 4, 1, widths=w)
+    assert (float(qkv), float(o)) == (134_217_728, 33_554_432)
+    assert float(CP.allgather_kv_bytes(1, S, D, 1.0, 1, widths=w)) == 335_544_320
+
+
+def _system_strategy(**kw):
+    from calib.analytic.machine import default_calibration
+    from calib.analytic.specs import load_hardware
+    from calib.analytic.strategy import Strategies
+    from calib.analytic.timemodel import System
+
+    hw = load_hardware("dgx-h100")
+    base = {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 1, "global_batch": 8, "flash_attention": True}
+    return System(default_calibration(hw), hw), Strategies.of(**{**base, **kw})
+
+
+def test_context_parallel_time_uses_the_mla_bytes():
+    """comm_times' CP all-gather for DeepSeek-V3 at CP 4 is the time of the 335,544,320 bytes
+    above; Llama 3 8B keeps 2 s d kv/a x 2 = 2 x 8192 x 1024 x 2 = 33,554,432 bytes."""
+    from calib.analytic.comm import group_time_s, members_per_node
+    from calib.analytic.timemodel import comm_times
+
+    from calib.core.collective_names import ALLGATHER
+
+    for model, nbytes in ((DSV3, 335_544_320.0), (LLAMA, 33_554_432.0)):
+        system, st = _system_strategy(cp=4, cp_kind=2)
+        want = group_time_s(system.comm_cal, ALLGATHER, nbytes, 4.0, members_per_node(4.0, 1.0, 8))
+        assert float(comm_times(model, system, st)["cp_ag_s"]) == float(want)
+    assert MLA.head_widths(LLAMA) is None
