@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from calib.analytic import formulas as F
 from calib.analytic.memory import stages_in_flight
-from calib.analytic.mla import op_sac_attention
+from calib.analytic.mla import linear_io, op_sac_attention
 from calib.calibrate import device_step as D
 from calib.calibrate.device_model import DeviceModel, Family
 
@@ -79,7 +79,9 @@ def layer_terms(
     attn = attn_scale * attn * np.where(selective, 4.5 / 3.5, 1.0)  # selective: the core's forward once more
     stream = D.stream_layer_s(dm, fam, T, sh.d, sh.ffn, t, sp, stream_passes)
     if np.any(fp8):
-        casts = PR.cast_bytes_layer(T, sh.d, sh.ffn, sh.kv / sh.a, mats, t, passes)  # as the spec path
+        casts = PR.cast_bytes_layer(
+            T, sh.d, sh.ffn, sh.kv / sh.a, mats, t, passes, linear_io(sh.attn)
+        )  # as the spec path
         stream = stream + np.where(fp8, casts / (dm.stream_tbps.value * 1e12), 0.0)
     return {"transformer": gemm + attn, "stream": stream}
 

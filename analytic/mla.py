@@ -150,6 +150,15 @@ def op_sac_attention(linears, d) -> tuple[float, float, int] | None:
     return float(rerun), 2.0 * kept / float(d), len(linears)
 
 
+def linear_io(linears) -> tuple[float, float] | None:
+    """(inputs, outputs) per token summed over the projections ``linears``
+    (:func:`attention_linears`): what their FP8 casts read (precision.cast_bytes_layer);
+    DeepSeek-V3 32,768 and 66,624 where fused QKV + projection of full heads said 2 d and 4 d."""
+    if linears is None:
+        return None
+    return float(sum(i for i, _, _ in linears)), float(sum(o for _, o, _ in linears))
+
+
 def op_sac_terms(model) -> tuple[float, float, int] | None:
     """:func:`op_sac_attention` of the model's MLA projections; None without MLA."""
     return op_sac_attention(attention_linears(model), model.d_model)

@@ -255,17 +255,20 @@ def moe_layer_s(model, system, st, b, s_loc, d, t, mats, rc, eff_fn, peak) -> np
     return routed + shared + nbytes / (system.hw.hbm_tbps * 1e12)
 
 
-def gemm_and_casts(st, hw, f_train, attn_fwd, rc, peak, eff, T, d, ffn, kv_frac, mats, t, attn_extra=0.0, attn_ratio=1.0):  # fmt: skip
+def gemm_and_casts(st, hw, f_train, attn_fwd, rc, peak, eff, T, d, ffn, kv_frac, mats, t, attn_extra=0.0, attn_ratio=1.0, attn_io=None):  # fmt: skip
     """(GEMM seconds of a layer, FP8 cast bytes): linear GEMMs at the FP8 peak under ``fp8``.
     ``attn_extra``: attention FLOPs beyond ``f_train`` (a flash backward's recomputed scores);
-    the attention core runs at ``attn_ratio`` x the GEMM efficiency (System.attn_eff_ratio)."""
+    the attention core runs at ``attn_ratio`` x the GEMM efficiency (System.attn_eff_ratio);
+    ``attn_io``: MLA's projections' inputs and outputs for the casts (analytic.mla.linear_io)."""
     attn_in = attn_fwd * (3.0 + F.attention_recomputed(rc))  # the attention core inside f_train
     linear, attn_tr = f_train - attn_in, (attn_in + attn_extra) / attn_ratio
     if not st.is_modern:
         return (linear + attn_tr) / (peak * eff), 0.0
     peak8 = (hw.peak_fp8_tflops or hw.peak_tflops) * 1e12
     gemm = PR.gemm_time_s(linear, attn_tr, peak, peak8, eff, st.fp8)
-    casts = PR.cast_bytes_layer(T, d, ffn, kv_frac, mats, t, np.where(np.asarray(rc) == F.FULL, 2.0, 1.0))
+    casts = PR.cast_bytes_layer(
+        T, d, ffn, kv_frac, mats, t, np.where(np.asarray(rc) == F.FULL, 2.0, 1.0), attn_io
+    )
     return gemm, np.where(st.fp8, casts, 0.0)
 
 

@@ -58,15 +58,21 @@ def gemm_time_s(linear_flops, attn_flops, peak_flops, peak_fp8_flops, eff, fp8) 
     return (np.asarray(linear_flops) / lin_peak + np.asarray(attn_flops) / peak_flops) / np.asarray(eff)
 
 
-def cast_bytes_layer(T, d, ffn, kv_frac, mats, t, passes_fwd=1.0) -> np.ndarray:
+def cast_bytes_layer(T, d, ffn, kv_frac, mats, t, passes_fwd=1.0, attn_io=None) -> np.ndarray:
     """HBM bytes of one layer's FP8 casts per micro-batch on one GPU (T tokens on the GPU's
     TP rank, all column/row-parallel shards / t).
 
     Forward inputs per token: QKV d, projection d, fc1 d, fc2 ffn (the activation's
     output).  Backward gradient outputs per token: QKV (1 + 2 kv/a) d, projection d,
-    fc1 (mats - 1) ffn, fc2 d.
+    fc1 (mats - 1) ffn, fc2 d.  ``attn_io``: (inputs, outputs) per token summed over other
+    attention projections, each its own linear casting its own input (multi-head latent
+    attention: q_a, q_b, kv_a, kv_b, o; analytic.mla.linear_io) in place of QKV and projection.
     """
     T, d, ffn, kv_frac, t = (np.asarray(x, dtype=float) for x in (T, d, ffn, kv_frac, t))
+    if attn_io is not None:
+        fwd_in = attn_io[0] + d + ffn
+        bwd_out = attn_io[1] + (np.asarray(mats, dtype=float) - 1.0) * ffn + d
+        return T * (passes_fwd * CAST_IN_BYTES * fwd_in + CAST_GRAD_BYTES * bwd_out) / t
     fwd_in = 3.0 * d + ffn
     bwd_out = (1.0 + 2.0 * kv_frac) * d + d + (np.asarray(mats, dtype=float) - 1.0) * ffn + d
     return T * (passes_fwd * CAST_IN_BYTES * fwd_in + CAST_GRAD_BYTES * bwd_out) / t

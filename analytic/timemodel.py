@@ -282,7 +282,7 @@ def evaluate(
         eff, k1, k2 = cal.gemm_efficiency(x), cal.k1(x), cal.k2(x)
         vec_bytes = F.vector_traffic_bytes_layer(b, s_loc, d, a, t, sp, rc, flash, vec_passes)
         gemm, casts = X.gemm_and_casts(
-            st, hw, f_train, attn_fwd, rc, peak, eff, b * s_loc, d, ffn_c, kv_frac, mats, t, attn_more, a_ratio
+            st, hw, f_train, attn_fwd, rc, peak, eff, b * s_loc, d, ffn_c, kv_frac, mats, t, attn_more, a_ratio, MLA.linear_io(MLA.attention_linears(model))
         )  # fmt: skip
         layer_tr = share * (gemm + (vec_bytes + casts) / (hw.hbm_tbps * 1e12))
         layer_kernel = layer_tr / k2

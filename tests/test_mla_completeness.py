@@ -111,3 +111,23 @@ def test_context_parallel_time_uses_the_mla_bytes():
         want = group_time_s(system.comm_cal, ALLGATHER, nbytes, 4.0, members_per_node(4.0, 1.0, 8))
         assert float(comm_times(model, system, st)["cp_ag_s"]) == float(want)
     assert MLA.head_widths(LLAMA) is None
+
+
+def test_fp8_casts_follow_the_mla_projections():
+    """Each MLA projection is its own FP8 linear casting its own input (Transformer Engine):
+    inputs per token q_a 7168 + q_b 1536 + kv_a 7168 + kv_b 512 + o 16384 = 32,768 (fused QKV +
+    projection of full heads: 2 d = 14,336); gradient outputs 1536 + 24,576 + 576 + 32,768 +
+    7168 = 66,624 (full heads 4 d = 28,672).  A dense layer adds fc1 d and fc2 f inputs and
+    (mats - 1) f + d gradients: 4 x (32,768 + 7168 + 18,432) + 3 x (66,624 + 36,864 + 7168) =
+    233,472 + 331,968 = 565,440 bytes per token (full heads 4 x 39,936 + 3 x 72,704 = 377,856);
+    with full recompute the inputs twice: 798,912."""
+    from calib.analytic import precision as PR
+
+    io = MLA.linear_io(MLA.attention_linears(DSV3))
+    assert io == (32_768.0, 66_624.0)
+    assert float(PR.cast_bytes_layer(S, D, FFN, 1.0, 3.0, 1, 1.0, io)) == 565_440 * S
+    assert float(PR.cast_bytes_layer(S, D, FFN, 1.0, 3.0, 1, 1.0)) == 377_856 * S
+    assert float(PR.cast_bytes_layer(S, D, FFN, 1.0, 3.0, 8, 2.0, io)) == 798_912 * S / 8
+    assert MLA.linear_io(MLA.attention_linears(LLAMA)) is None
+    llama = PR.cast_bytes_layer(8192, 4096, 14336, 0.25, 3.0, 1, 1.0, None)
+    assert float(llama) == 8192 * (4 * (3 * 4096 + 14336) + 3 * (1.5 * 4096 + 4096 + 2 * 14336 + 4096))
