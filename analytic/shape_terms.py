@@ -58,16 +58,21 @@ def layer_params_gpu(model, t, ep=1.0) -> np.ndarray:
     ZeRO-3 gathers whole (analytic.memory).  Dense: (attention + mats d ffn) / t
     (formulas.layer_matrix_params; GPT 12 d^2 / t); MoE: (attention + n_sh mats d f_e + d E) / t
     + E / ep routed experts of mats d f_e, whole (expert TP 1), as moe.params_split counts them.
-    Attention: :func:`attention_proj_params` (MLA's low-rank projections where set)."""
+    Attention: :func:`attention_proj_params` (MLA's low-rank projections where set).  An MTP
+    depth (analytic.mla) is one more layer of the last kind with its 2d x d projection,
+    gathered as one unit (Megatron-Core's MultiTokenPredictionLayer holds both), split over TP."""
+    from calib.analytic import mla as MLA
     from calib.analytic import moe as MOE
 
     ffn, kv_frac, mats, _ = shape_terms(model)
     d, t = np.asarray(model.d_model, dtype=float), np.asarray(t, dtype=float)
     attn = attention_proj_params(model)
     dense = F.layer_matrix_params(d, ffn, kv_frac, mats, attn) / t
+    mtp = 2.0 * d * d / t if MLA.depths(model) else None  # the MTP projection
     if not MOE.is_moe(model):
-        return dense
+        return dense if mtp is None else dense + mtp
     m = MOE.terms(model)
     one = MOE.expert_params(d, m["f_e"], mats)
     moe = (attn + m["n_sh"] * one + d * m["E"]) / t + m["E"] / np.asarray(ep, dtype=float) * one
+    moe = moe if mtp is None else moe + mtp  # the MTP block is a MoE layer: the largest of that kind
     return np.maximum(moe, dense) if m["L_moe"] < float(model.n_layers) else moe

@@ -183,7 +183,7 @@ def comm_times(model: ModelSpec | ModelColumns, system: System, st: Strategies) 
     # latency: per module (FSDP; n_mod = layers + embedding) or per tensor / bucket (DeepSpeed)
     n_mod = U.stage_layers(L, p)[0] + 1.0
     ds = np.asarray(st.zero_impl) == DX.DEEPSPEED
-    n_ag, n_rs = ZO.collective_counts(n_mod - 1.0, grad_bytes / BYTES_GRAD, d, ffn, kv_frac, mats, t_w, ds, model, st.ep)  # fmt: skip
+    n_ag, n_rs = ZO.collective_counts(n_mod - 1.0, grad_bytes / BYTES_GRAD, d, ffn, kv_frac, mats, t_w, ds, model, st.ep, MLA.depths(model) * (p == 1))  # fmt: skip
 
     out = {
         **X.comm_extra(model, cal, gpn, st, b, s, d, kv_frac),

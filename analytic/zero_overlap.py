@@ -61,7 +61,7 @@ DS_REDUCE_BUCKET = 5e8
 DS_MAX_LIVE_PARAMETERS = 1e9
 
 
-def layer_matrices(d, ffn, kv_frac, mats, model=None, ep=1.0) -> list[tuple]:
+def layer_matrices(d, ffn, kv_frac, mats, model=None, ep=1.0, moe_share=None) -> list[tuple]:
     """One layer's weight matrices as (elements, how many per layer, split over TP).
 
     Attention: the fused QKV (1 + 2 kv/a) d^2 and the output projection d^2, or with
@@ -70,8 +70,8 @@ def layer_matrices(d, ffn, kv_frac, mats, model=None, ep=1.0) -> list[tuple]:
     ffn.  A MoE layer (``model`` with experts): E / ep local experts of ``mats`` matrices d x
     f_e, whole (expert TP 1), the shared experts as one MLP of width n_sh f_e (Hugging Face
     modeling_deepseek ``shared_experts``) and the router d x E.  With dense and MoE layers both,
-    each kind's counts are weighted by its share of the layers (DeepSeek-V3: 3 dense of 61).
-    ``ffn``: the dense layers' own MLP width (not averaged over the layers)."""
+    each kind's counts are weighted by its share of the layers (DeepSeek-V3: 3 dense of 61;
+    ``moe_share`` overrides it).  ``ffn``: the dense layers' own MLP width (not averaged)."""
     from calib.analytic import mla, moe
 
     d, ffn, kv, mats = (np.asarray(x, dtype=float) for x in (d, ffn, kv_frac, mats))
@@ -83,7 +83,7 @@ def layer_matrices(d, ffn, kv_frac, mats, model=None, ep=1.0) -> list[tuple]:
     m = moe.terms(model) if model is not None else {"E": 0.0}
     if not m["E"]:
         return [*out, (d * ffn, mats, True)]
-    share = m["L_moe"] / float(model.n_layers)
+    share = m["L_moe"] / float(model.n_layers) if moe_share is None else moe_share
     one = d * m["f_e"]
     return [
         *out,
@@ -94,21 +94,43 @@ def layer_matrices(d, ffn, kv_frac, mats, model=None, ep=1.0) -> list[tuple]:
     ]
 
 
+def mtp_matrices(d, ffn, kv_frac, mats, model=None, ep=1.0) -> list[tuple]:
+    """One MTP depth's matrices (analytic.mla "MTP"): a block of the last layer's kind (MoE
+    where the model has experts: its layers are dense first) and the projection 2d x d, split
+    over TP as the weights count it (mla.mtp_stage_params); none without MTP."""
+    from calib.analytic import mla, moe
+
+    if model is None or not mla.depths(model):
+        return []
+    block = layer_matrices(d, ffn, kv_frac, mats, model, ep, 1.0 if moe.is_moe(model) else None)
+    return [*block, (2.0 * np.asarray(d, dtype=float) ** 2, 1.0, True)]
+
+
+def _gathers(matrices, t) -> np.ndarray:
+    return sum(
+        count * (elems / np.where(split, t, 1.0) >= DS_PERSISTENCE_THRESHOLD)
+        for elems, count, split in matrices
+    )
+
+
 def collective_counts(
-    layers, stage_params, d, ffn, kv_frac, mats, t, deepspeed, model=None, ep=1.0
+    layers, stage_params, d, ffn, kv_frac, mats, t, deepspeed, model=None, ep=1.0, mtp=0.0
 ) -> tuple[np.ndarray, np.ndarray]:
     """(all-gathers, reduce-scatters) per pass of one stage's ZeRO-3 parameters (module
     docstring): FSDP n + 1 each; DeepSpeed one gather per weight matrix of at least
     DS_PERSISTENCE_THRESHOLD elements on this TP rank (:func:`layer_matrices`; without
     ``model`` fused QKV, projection and ``mats`` MLP matrices), plus the embedding, and
-    ceil(stage parameters / DS_REDUCE_BUCKET) reduce-scatters (at least one)."""
+    ceil(stage parameters / DS_REDUCE_BUCKET) reduce-scatters (at least one).  ``mtp``: MTP
+    depths the stage holds, each one module more (FSDP) or its :func:`mtp_matrices` (DeepSpeed)."""
     n, t = (np.asarray(x, dtype=float) for x in (layers, t))
     per_module = n + 1.0
-    mats_layer = sum(
-        count * (elems / np.where(split, t, 1.0) >= DS_PERSISTENCE_THRESHOLD)
-        for elems, count, split in layer_matrices(d, ffn, kv_frac, mats, model, ep)
-    )
+    mats_layer = _gathers(layer_matrices(d, ffn, kv_frac, mats, model, ep), t)
     ds_ag = np.maximum(n * mats_layer, 0.0) + 1.0
+    if np.any(np.asarray(mtp) > 0):
+        per_module = per_module + mtp
+        ds_ag = ds_ag + np.asarray(mtp, dtype=float) * _gathers(
+            mtp_matrices(d, ffn, kv_frac, mats, model, ep), t
+        )
     ds_rs = np.maximum(np.ceil(np.asarray(stage_params, dtype=float) / DS_REDUCE_BUCKET), 1.0)
     ds = np.asarray(deepspeed, dtype=bool)
     return np.where(ds, ds_ag, per_module), np.where(ds, ds_rs, per_module)
@@ -116,11 +138,12 @@ def collective_counts(
 
 def largest_matrix(d, t, ffn, kv_frac, model=None, mats=2.0, ep=1.0) -> np.ndarray:
     """Parameters of a layer's largest weight matrix on one TP rank (:func:`layer_matrices`;
-    without ``model`` the fused QKV or one MLP matrix)."""
+    without ``model`` the fused QKV or one MLP matrix; with MTP also its projection)."""
     t = np.asarray(t, dtype=float)
     sizes = [
         np.where(np.asarray(count) > 0, elems / np.where(split, t, 1.0), 0.0)
         for elems, count, split in layer_matrices(d, ffn, kv_frac, mats, model, ep)
+        + mtp_matrices(d, ffn, kv_frac, mats, model, ep)
     ]
     return np.maximum.reduce(np.broadcast_arrays(*sizes))
 

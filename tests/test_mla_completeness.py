@@ -131,3 +131,48 @@ def test_fp8_casts_follow_the_mla_projections():
     assert MLA.linear_io(MLA.attention_linears(LLAMA)) is None
     llama = PR.cast_bytes_layer(8192, 4096, 14336, 0.25, 3.0, 1, 1.0, None)
     assert float(llama) == 8192 * (4 * (3 * 4096 + 14336) + 3 * (1.5 * 4096 + 4096 + 2 * 14336 + 4096))
+
+
+def test_mtp_block_is_a_gathered_layer():
+    """DeepSeek-V3's MTP depth (mla.py "MTP") is one more MoE layer with the 2d x d projection
+    2 x 7168^2 = 102,760,448 (Megatron-Core's MultiTokenPredictionLayer holds both: one
+    ZeRO-3 unit).  TP 1, EP 8: a MoE layer 187,105,280 + shared 44,040,192 + router 1,835,008
+    + 32 local experts 1,409,286,144 = 1,642,266,624, the MTP block 1,745,027,072, gathered.
+    At EP 64 (the published run) the MoE layer is 409,141,248, the MTP block 511,901,696, and
+    the dense layer 583,467,008 stays the largest: no change there."""
+    from calib.analytic import zero_overlap as ZO
+    from calib.analytic.shape_terms import layer_params_gpu, shape_terms
+
+    assert float(layer_params_gpu(DSV3, 1, 8)) == 1_745_027_072
+    assert float(layer_params_gpu(DSV3, 1, 64)) == 583_467_008
+    no_mtp = replace(DSV3, mtp_layers=0)
+    assert float(layer_params_gpu(no_mtp, 1, 8)) == 1_642_266_624
+    ffn, kv, mats, _ = shape_terms(DSV3)
+    mtp = ZO.mtp_matrices(D, ffn, kv, mats, DSV3, 8.0)
+    assert sum(e * c for e, c, _ in mtp) == pytest.approx(1_745_027_072, rel=1e-12)
+    assert ZO.mtp_matrices(D, ffn, kv, mats, no_mtp, 8.0) == []
+    # the projection (102.8 M) is below the dense MLP matrix 7168 x 18432 = 132,120,576
+    assert float(ZO.largest_matrix(D, 1.0, ffn, kv, DSV3, mats, 64.0)) == 132_120_576
+
+
+def test_mtp_block_in_the_gather_counts():
+    """DeepSpeed gathers matrix by matrix: with one stage (DeepSpeed's ZeRO-3 runs without
+    PP) the stage holds the MTP block too: 1243 for the 61 layers and the embedding
+    (tests/test_zero3_layer_shapes.py) + MLA's 5 + 4 local experts x 3 + shared 3 + router 1 +
+    the projection 1 = 22 at EP 64: 1265.  FSDP: one module more, 61 + 1 + 1 = 63.  With PP the
+    MTP block sits on the last stage, the timed (largest) stage's count leaves it out (mtp 0)."""
+    from calib.analytic import zero_overlap as ZO
+    from calib.analytic.shape_terms import shape_terms
+
+    ffn, kv, mats, _ = shape_terms(DSV3)
+    args = (1e10, D, ffn, kv, mats, 1.0)
+    ds, _ = ZO.collective_counts(61, *args, True, DSV3, 64.0, 1.0)
+    fsdp, _ = ZO.collective_counts(61, *args, False, DSV3, 64.0, 1.0)
+    assert (float(ds), float(fsdp)) == (pytest.approx(1265.0, abs=1e-9), 63.0)
+    assert float(ZO.collective_counts(61, *args, True, DSV3, 64.0)[0]) == pytest.approx(1243.0, abs=1e-9)
+    lf, lkv, lm, _ = shape_terms(LLAMA)
+    got = ZO.collective_counts(32, 8e8, 4096.0, lf, lkv, lm, 1.0, True, LLAMA, 1.0, 0.0)
+    assert tuple(map(float, got)) == (
+        32 * 5 + 1.0,
+        2.0,
+    )  # QKV, proj, 3 MLP per layer + embedding; 8e8 / 5e8 buckets

@@ -57,11 +57,14 @@ def test_deepseek_v3_gathered_layer_uses_mla_projections():
     """DeepSeek-V3 at TP 1: MLA attention 187,105,280 (analytic/mla.py docstring); a dense
     layer + 3 x 7168 x 18432 = 396,361,728 -> 583,467,008.  A MoE layer: expert 3 x 7168 x 2048
     = 44,040,192; shared 1 x that; router 7168 x 256 = 1,835,008; at EP 64, 4 local experts
-    176,160,768 -> 409,141,248 < the dense layer, which is gathered; at EP 8, 32 local experts
-    1,409,286,144 -> 1,642,266,624."""
+    176,160,768 -> 409,141,248 (+ the MTP projection 2 x 7168^2 = 102,760,448: 511,901,696) < the
+    dense layer, which is gathered; at EP 8, 32 local experts 1,409,286,144 -> 1,642,266,624, and
+    the MTP block, a MoE layer with its projection, 1,745,027,072 (tests/test_mla_completeness.py)."""
     assert float(attention_proj_params(DSV3)) == 187_105_280
     assert float(layer_params_gpu(DSV3, 1, 64)) == 187_105_280 + 396_361_728
-    assert float(layer_params_gpu(DSV3, 1, 8)) == 187_105_280 + 44_040_192 + 1_835_008 + 1_409_286_144
+    moe_8 = 187_105_280 + 44_040_192 + 1_835_008 + 1_409_286_144
+    assert float(layer_params_gpu(DSV3, 1, 8)) == moe_8 + 102_760_448
+    assert float(layer_params_gpu(replace(DSV3, mtp_layers=0), 1, 8)) == moe_8
 
 
 def test_mixtral_moe_layer_gathered_params():
@@ -77,7 +80,7 @@ def test_mixtral_moe_layer_gathered_params():
 
 def test_layer_matrices_sum_to_the_layer():
     """The matrices DeepSpeed gathers one by one add up to the gathered layer (one kind)."""
-    for model, t, ep in ((LLAMA, 2.0, 1.0), (MIXTRAL, 2.0, 8.0), (replace(DSV3, dense_layers=0), 1.0, 8.0)):
+    for model, t, ep in ((LLAMA, 2.0, 1.0), (MIXTRAL, 2.0, 8.0), (replace(DSV3, dense_layers=0, mtp_layers=0), 1.0, 8.0)):
         ffn, kv, mats, _ = shape_terms(model)
         mats_ = ZO.layer_matrices(model.d_model, ffn, kv, mats, model, ep)
         total = sum(e * c / (t if split else 1.0) for e, c, split in mats_)
