@@ -80,7 +80,11 @@ def test_mixtral_moe_layer_gathered_params():
 
 def test_layer_matrices_sum_to_the_layer():
     """The matrices DeepSpeed gathers one by one add up to the gathered layer (one kind)."""
-    for model, t, ep in ((LLAMA, 2.0, 1.0), (MIXTRAL, 2.0, 8.0), (replace(DSV3, dense_layers=0, mtp_layers=0), 1.0, 8.0)):
+    for model, t, ep in (
+        (LLAMA, 2.0, 1.0),
+        (MIXTRAL, 2.0, 8.0),
+        (replace(DSV3, dense_layers=0, mtp_layers=0), 1.0, 8.0),
+    ):
         ffn, kv, mats, _ = shape_terms(model)
         mats_ = ZO.layer_matrices(model.d_model, ffn, kv, mats, model, ep)
         total = sum(e * c / (t if split else 1.0) for e, c, split in mats_)
