@@ -26,9 +26,14 @@ for any layer), the q latent c_q and its norm (2 q_rank), the kv latent c_kv wit
 c_kv's norm (2 kv_rank + r) -- replicated over TP like the layer's other d-wide tensors (split
 only with sequence parallelism); and the up-projected q and k (a h_qk each), v (a h_v) the fused
 attention keeps and its output into o_proj (a h_v) -- split over TP like Q, K, V.  DeepSeek-V3:
-(8320 + 163840) bytes per token against full heads' 16 d = 114,688.  ``kv / a`` (shape_terms)
-keeps its other meanings: K/V bytes exchanged by context parallelism, op-level SAC's saved
-outputs and the FP8 casts of the attention's outputs are still those of kv full heads of d / a.
+(8320 + 163840) bytes per token against full heads' 16 d = 114,688.  Where ``kv / a`` full
+heads stood, the real projections now count: op-level SAC re-runs every second matmul of
+torchtitan's call order q_a, q_b, kv_a, kv_b, o, then the MLP's (:func:`op_sac_terms`);
+context parallelism exchanges the up-projected K and V (:func:`head_widths`, analytic.context);
+FP8 casts read each projection's input and gradient output (:func:`linear_io`); the MTP block
+is a ZeRO-3 gathered layer (shape_terms.layer_params_gpu, zero_overlap.mtp_matrices).  Still
+full-head: the element-wise traffic (formulas.vector_traffic_bytes_layer, GPT's shape for every
+model) and the trace-fitted device model's activation bytes (device_path.memory).
 
 **MTP** (report sec. 2.2): each of ``mtp_layers`` depths adds one Transformer block of the
 last layer's kind (MLA + MoE for DeepSeek-V3), a projection M of 2d x d and two RMSNorms; the

@@ -27,10 +27,10 @@ def attention_proj_params(model) -> np.ndarray:
 
 
 def shape_terms(model) -> tuple[np.ndarray, np.ndarray, float, bool]:
-    """(ffn, kv / a, MLP matrices, tied) of a model spec or per-row columns.  ``kv / a`` stays
-    the full-head K/V share (context-parallel K/V bytes, FP8 casts) also for multi-head latent
-    attention; weights and FLOPs take :func:`attention_proj_params`, kept activations
-    analytic.mla.attention_kept_coeffs."""
+    """(ffn, kv / a, MLP matrices, tied) of a model spec or per-row columns.  ``kv / a`` is the
+    full-head K/V share; with multi-head latent attention weights and FLOPs take
+    :func:`attention_proj_params`, kept activations, op-level SAC, CP's K/V bytes and FP8 casts
+    analytic.mla (attention_kept_coeffs, op_sac_terms, head_widths, linear_io)."""
     ex = model.shape_extras
     kv_frac = np.asarray(ex["kv"], dtype=float) / np.asarray(model.n_heads, dtype=float)
     return (
