@@ -220,7 +220,9 @@ def mtp_forward_flops_per_token(model) -> float:
 def mtp_iteration_flops(model, B, s, rc) -> tuple[np.ndarray, np.ndarray]:
     """(model, hardware) FLOPs of the MTP module per iteration of B sequences of s: 3 x forward;
     the hardware count adds recompute as the layers get it (full: block and projection once
-    more; selective: the attention core 4 s^2 d); the head is never recomputed."""
+    more; selective: the attention core 4 s^2 d; op-level SAC: the block's every second matmul,
+    formulas.op_sac_recompute_flops, with a MoE block's experts not re-run as on the layers,
+    whose dense MLP width averages them out); the head is never recomputed."""
     n = depths(model)
     if not n:
         return np.zeros(()), np.zeros(())
@@ -233,6 +235,9 @@ def mtp_iteration_flops(model, B, s, rc) -> tuple[np.ndarray, np.ndarray]:
     head = 6.0 * s * d * V
     rc = np.asarray(rc)
     extra = np.where(rc == F.FULL, mat_fwd + core_fwd, np.where(rc == F.SELECTIVE, core_fwd, 0.0))
+    f = 0.0 if int(getattr(model, "n_experts", 0) or 0) else float(model.ffn_size)  # MoE: no dense MLP
+    kv = float(model.shape_extras["kv"]) / float(model.n_heads)
+    extra = np.where(rc == F.OP, F.op_sac_recompute_flops(1.0, s, d, f, kv, op_sac_terms(model), mats), extra)
     model_fl = n * B * (3.0 * (mat_fwd + core_fwd) + head)
     return model_fl, model_fl + n * B * extra
 

@@ -176,3 +176,13 @@ def test_mtp_block_in_the_gather_counts():
         32 * 5 + 1.0,
         2.0,
     )  # QKV, proj, 3 MLP per layer + embedding; 8e8 / 5e8 buckets
+
+
+def test_mtp_block_under_op_sac():
+    """The MTP block re-runs under op-level SAC what a layer of its kind does: a MoE block's
+    experts are not re-run (as on the layers), so MLA's q_b and kv_b, 2 x 4096 x 54,525,952 =
+    446,676,598,784 FLOPs per sequence; before, op-SAC re-ran nothing of the MTP block."""
+    model_fl, hw_fl = MLA.mtp_iteration_flops(DSV3, 1.0, S, F.OP)
+    assert float(hw_fl - model_fl) == 446_676_598_784
+    model_fl, hw_fl = MLA.mtp_iteration_flops(DSV3, 1.0, S, F.NONE)
+    assert float(hw_fl - model_fl) == 0.0
