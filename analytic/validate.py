@@ -267,6 +267,20 @@ def oom_summary(rows: pd.DataFrame) -> dict:
             "predicted_oom_terms": {str(k): int(v) for k, v in terms.items()}}  # fmt: skip
 
 
+def by_group(held: pd.DataFrame) -> dict:
+    """Held-out errors per group tag (rows of one stack, section or model), where the held-out
+    rows span two groups or more: a table-wide median can hide one group's error."""
+    groups = held["group"].astype(str) if "group" in held else pd.Series(dtype=str)
+    if groups.nunique() < 2:
+        return {}
+    e = held["err_pct"].astype(float)
+    stats = e.groupby(groups, sort=False).agg(
+        n="size", median_abs_pct=lambda x: float(np.median(np.abs(x))), median_signed_pct="median"
+    )
+    return {"by_group": {str(g): {k: (int(v) if k == "n" else float(v)) for k, v in r.items()}
+                         for g, r in stats.iterrows()}}  # fmt: skip
+
+
 def summarise(errors_pct: np.ndarray) -> dict:
     signed = np.asarray(errors_pct, dtype=float)
     e = np.abs(signed)
@@ -382,7 +396,7 @@ def _summary(
     """Errors over the held-out rows; predicted-OOM counts over every (trained) row; and the
     same held-out errors without the fit (a fit that does worse than none says so)."""
     err = rows["err_pct"] if held is None else rows.loc[held, "err_pct"]
-    out = {**summarise(err), **oom_summary(rows)}
+    out = {**summarise(err), **oom_summary(rows), **by_group(rows if held is None else rows.loc[held])}
     if unfitted is not None:
         base = summarise(unfitted["err_pct"] if held is None else unfitted.loc[held, "err_pct"])
         out["unfitted_median_abs_pct"], out["unfitted_max_abs_pct"] = (

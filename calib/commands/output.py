@@ -240,6 +240,14 @@ def validate_text(info: dict, rows: pd.DataFrame) -> str:
                 else ""
             )
         )
+    if s.get("by_group"):
+        out.append(
+            "held-out by group: "
+            + "; ".join(
+                f"{g} {v['n']} rows, median |err| {v['median_abs_pct']:.2f} % (signed {v['median_signed_pct']:+.2f} %)"
+                for g, v in s["by_group"].items()
+            )
+        )
     if s.get("n_inside_interval") is not None:
         out.append(
             f"held-out rows inside their 90 % interval: {s['n_inside_interval']} of {s['n_with_interval']} "

@@ -51,9 +51,10 @@ subset and errors are reported on the other rows only:
   --fit compute         the network as stated (no bandwidth scale fitted)
   --fit none            the calibration as given, every row held out
 Errors are predicted/measured - 1 of the measured quantity (s, TFLOP/s or tokens/s), in %;
-the summary gives the median, mean and max absolute error over held-out rows, how many
-measured (trained) configurations the model says do not fit in memory and which term
-overflows, and a warning for every fitted parameter that ends on its bound.
+the summary gives the median, mean and max absolute error over held-out rows (and per
+group tag, where they span several), how many measured (trained) configurations the model
+says do not fit in memory and which term overflows, and a warning for every fitted
+parameter that ends on its bound.
 
 \b
 Example:
