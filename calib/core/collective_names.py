@@ -92,8 +92,16 @@ def canonical(name: str) -> str:
 
 def busbw_factor(collective: str | ArrayLike, n: ArrayLike) -> np.ndarray:
     """nccl-tests bus-bandwidth factor for ``collective`` over ``n`` ranks (vectorised)."""
-    coll = np.asarray(collective, dtype=object)
     n = np.asarray(n, dtype=float)
+    if isinstance(collective, str):  # one name (the time model's calls): no per-element matching
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(n > 0, (n - 1.0) / n, np.nan)
+        if collective in (BARRIER, UNKNOWN):
+            return np.full(n.shape, np.nan)
+        return (
+            2.0 * frac if collective in _FACTOR_2 else frac if collective in _FACTOR_N1 else np.ones(n.shape)
+        )
+    coll = np.asarray(collective, dtype=object)
     coll, n = np.broadcast_arrays(coll, n)
     with np.errstate(divide="ignore", invalid="ignore"):
         frac = np.where(n > 0, (n - 1.0) / n, np.nan)
