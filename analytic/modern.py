@@ -313,7 +313,7 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
     """Weights, gradients, optimizer states (dense over d c, experts over EDP), activations.
     ``largest_matrix``: parameters of the largest weight matrix on this TP rank (DeepSpeed's
     ZeRO-3 live-parameter cap, :func:`analytic.zero_overlap.live_gathered_params`)."""
-    from calib.analytic.memory import BYTES_GRAD, BYTES_WEIGHT, gathered_bytes
+    from calib.analytic.memory import BYTES_GRAD, BYTES_WEIGHT, gathered_bytes, stages_in_flight
 
     z = st.zero
     g_dense, g_exp = groups(st)
@@ -332,7 +332,7 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
     weights = copies * (wd + we) + gathered
     grads, optim = copies * (gd + ge), copies * (od + oe)
     keep = np.asarray(rc) != F.FULL
-    in_flight = np.minimum(p, m)
+    in_flight = stages_in_flight(p, m, st.interleave)  # as the layers' own activations (memory.py)
     sbd = s_loc * b * d / t
     extra = -np.where(st.fp8, PR.FP8_SAVED_SBD * sbd, 0.0) * np.ceil(
         np.asarray(model.n_layers, dtype=float) / p
@@ -365,7 +365,7 @@ def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, ma
     the routed experts' weights, gradients and optimizer states (ZeRO-sharded over EDP,
     counted at the end-of-backward peak: an upper bound), the FP8 weight copy, DualPipe's
     second parameter copy and p + 1 micro-batches, and the MoE layers' activations."""
-    from calib.analytic.memory import BYTES_GRAD, BYTES_WEIGHT
+    from calib.analytic.memory import BYTES_GRAD, BYTES_WEIGHT, stages_in_flight
 
     z = st.zero
     g_dense, g_exp = groups(st)
@@ -383,7 +383,7 @@ def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, ma
     if MOE.is_moe(model):
         T, sbd = b * s_loc / t, s_loc * b * d / t
         per = MOE.activation_bytes_layer(model, T, d, mats, ep=st.ep) - MOE.DENSE_MLP_ACT * sbd
-        extra = per * np.ceil(MOE.terms(model)["L_moe"] / p) * np.minimum(p, m)
+        extra = per * np.ceil(MOE.terms(model)["L_moe"] / p) * stages_in_flight(p, m, st.interleave)
         acts = acts + np.where(np.asarray(rc) != F.FULL, np.maximum(extra, 0.0), 0.0)
     acts = acts * in_flight_scale(p, st.schedule)
     added = (copies * w - mem["mem_weights_bytes"]) + (copies * o - mem["mem_optimizer_bytes"])
