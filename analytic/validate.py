@@ -375,7 +375,39 @@ def validate(
     rows = FI.with_interval(rows, table, fitted, prm)
     summary = _summary(rows, ~cal_rows, table.rows(systems))
     summary.update(FI.coverage(rows.loc[~cal_rows]))
+    prm["notes"] = [*prm.get("notes", []), *extrapolation_notes(df, cal_rows)]
+    if not prm["notes"]:
+        del prm["notes"]
     return Validation(rows, summary, prm, split, fitted)
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if x < 1e6 else f"{x:.3g}"
+
+
+#: (column or derived quantity, its name) a held-out row may lie beyond the calibration rows in
+_EXTENT = (("gpus", "GPU count"), ("seq_len", "sequence length"), ("size", "model size (layers x d^2)"))
+EXTRAPOLATION_FACTOR = 1.5  # beyond the calibrated range by more than this: said (a stated threshold)
+
+
+def extrapolation_notes(df: pd.DataFrame, cal_rows: np.ndarray) -> list[str]:
+    """Where held-out rows lie beyond the calibration rows' range of GPU count, sequence length
+    or model size by more than EXTRAPOLATION_FACTOR: their errors measure an extrapolation,
+    which the fit's interval (parameter errors and calibration scatter) does not hold."""
+    cal = np.asarray(cal_rows, dtype=bool)
+    vals = {"gpus": df["gpus"], "seq_len": df["seq_len"], "size": df["n_layers"] * df["d_model"] ** 2}
+    out = []
+    for key, name in _EXTENT:
+        v = vals[key].to_numpy(dtype=float)
+        lo, hi = v[cal].min(), v[cal].max()
+        beyond = ~cal & ((v > EXTRAPOLATION_FACTOR * hi) | (v < lo / EXTRAPOLATION_FACTOR))
+        if beyond.any():
+            out.append(
+                f"{int(beyond.sum())} of {int((~cal).sum())} held-out rows lie beyond the calibration rows' "
+                f"{name} ({_num(lo)}-{_num(hi)}) by more than {EXTRAPOLATION_FACTOR:g}x: their errors measure "
+                "an extrapolation, which the interval does not hold"
+            )
+    return out
 
 
 def _annotate(rows: pd.DataFrame, df: pd.DataFrame, base: System | None) -> pd.DataFrame:
