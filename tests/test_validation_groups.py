@@ -1,4 +1,4 @@
-"""Held-out errors per group tag (analytic.validate.by_group): a table-wide median can hide
+"""Held-out errors per group tag (analytic.vsummary.by_group): a table-wide median can hide
 one group's error -- SC21 Table 2's every-third split is 9.25 % over all eight held-out rows,
 but its ZeRO-3 rows are 20.90 % too slow and its PTD-P rows 1.63 %."""
 
