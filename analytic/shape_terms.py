@@ -55,24 +55,27 @@ def attention_dims_factor(model) -> float:
 
 def layer_params_gpu(model, t, ep=1.0) -> np.ndarray:
     """Weights of one layer on one GPU, the largest kind where dense and MoE layers mix: what
-    ZeRO-3 gathers whole (analytic.memory).  Dense: (attention + mats d ffn) / t
-    (formulas.layer_matrix_params; GPT 12 d^2 / t); MoE: (attention + n_sh mats d f_e + d E) / t
-    + E / ep routed experts of mats d f_e, whole (expert TP 1), as moe.params_split counts them.
-    Attention: :func:`attention_proj_params` (MLA's low-rank projections where set).  An MTP
-    depth (analytic.mla) is one more layer of the last kind with its 2d x d projection,
-    gathered as one unit (Megatron-Core's MultiTokenPredictionLayer holds both), split over TP."""
-    from calib.analytic import mla as MLA
+    ZeRO-3 gathers whole (analytic.memory) -- the sum of the matrices DeepSpeed gathers one by
+    one (analytic.zero_overlap.layer_matrices: attention, MLA's low-rank projections where set;
+    a dense MLP, or a MoE layer's E / ep routed experts whole plus shared experts and router),
+    each over TP where it is split.  An MTP depth (analytic.mla) is a block of the last kind with
+    its 2d x d projection, gathered as one unit (zero_overlap.mtp_matrices: Megatron-Core's
+    MultiTokenPredictionLayer holds both), and stands for that kind."""
     from calib.analytic import moe as MOE
+    from calib.analytic import zero_overlap as ZO
 
     ffn, kv_frac, mats, _ = shape_terms(model)
-    d, t = np.asarray(model.d_model, dtype=float), np.asarray(t, dtype=float)
-    attn = attention_proj_params(model)
-    dense = F.layer_matrix_params(d, ffn, kv_frac, mats, attn) / t
-    mtp = 2.0 * d * d / t if MLA.depths(model) else None  # the MTP projection
-    if not MOE.is_moe(model):
-        return dense if mtp is None else dense + mtp
-    m = MOE.terms(model)
-    one = MOE.expert_params(d, m["f_e"], mats)
-    moe = (attn + m["n_sh"] * one + d * m["E"]) / t + m["E"] / np.asarray(ep, dtype=float) * one
-    moe = moe if mtp is None else moe + mtp  # the MTP block is a MoE layer: the largest of that kind
-    return np.maximum(moe, dense) if m["L_moe"] < float(model.n_layers) else moe
+    t = np.asarray(t, dtype=float)
+
+    def on_gpu(matrices) -> np.ndarray:
+        return sum(count * elems / np.where(split, t, 1.0) for elems, count, split in matrices)
+
+    def kind(share):  # share of MoE layers the counts stand for: 1.0 a MoE layer, 0.0 a dense one
+        return on_gpu(ZO.layer_matrices(model.d_model, ffn, kv_frac, mats, model, ep, share))
+
+    moe = MOE.is_moe(model)
+    mtp = ZO.mtp_matrices(model.d_model, ffn, kv_frac, mats, model, ep)
+    last = on_gpu(mtp) if mtp else kind(1.0 if moe else None)
+    if moe and MOE.terms(model)["L_moe"] < float(model.n_layers):
+        return np.maximum(last, kind(0.0))  # the leading dense layers may be the larger kind
+    return last
