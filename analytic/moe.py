@@ -180,10 +180,8 @@ def load_factor(model, T: ArrayLike, ep: ArrayLike) -> np.ndarray:
     m = terms(model)
     if not m["E"] or model.capacity_factor:
         return np.ones(np.broadcast_shapes(np.shape(T), np.shape(ep)))
-    floor = max_load_factor(T, m["k"], ep)
-    if m["imb"] == 1.0:
-        return floor
-    return np.where(np.asarray(ep) > 1, m["imb"] * floor, 1.0)
+    floor = max_load_factor(T, m["k"], ep)  # 1 at ep = 1
+    return np.where(np.asarray(ep) > 1, m["imb"] * floor, floor)
 
 
 def routed_act_factor(model, ep: ArrayLike = 1.0) -> np.ndarray:
@@ -256,8 +254,6 @@ def activation_bytes_layer(model, T, d, mats, bytes_per_value=2.0, ep=1.0) -> np
     m = terms(model)
     T = np.asarray(T, dtype=float)
     per_token = np.asarray(d, dtype=float) * 2.0 + mats * m["f_e"]
-    routed = m["cap"] * T * m["k"] * per_token
-    if m["imb"] != 1.0:
-        routed = routed * routed_act_factor(model, ep)
+    routed = m["cap"] * T * m["k"] * per_token * routed_act_factor(model, ep)
     shared = T * m["n_sh"] * (np.asarray(d, dtype=float) + mats * m["f_e"])
     return bytes_per_value * (routed + shared)
