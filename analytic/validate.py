@@ -32,7 +32,7 @@ from calib.analytic.specs import ModelSpec, load_hardware
 from calib.analytic.strategy import Strategies, check_config, valid_mask
 from calib.analytic.timemodel import System, comm_times, evaluate
 from calib.analytic.vfit import FIT_PARAMS, FITS, fit
-from calib.analytic.vshape import row_models
+from calib.analytic.vshape import columns_of, row_models
 from calib.analytic.vsummary import by_group, extrapolation_notes
 from calib.analytic.vtable import model_columns
 
@@ -160,7 +160,13 @@ class Table:
             fl_model[idx_m], fl_hw[idx_m] = _flops(model, df.iloc[idx_m], B[idx_m])
             for h in df["hardware"].iloc[idx_m].unique():
                 idx = idx_m[(df["hardware"].iloc[idx_m] == h).to_numpy()]
-                sub_model = model if isinstance(model, ModelSpec) else model_columns(df.iloc[idx])
+                sub_model = (
+                    model
+                    if isinstance(model, ModelSpec)
+                    else columns_of(  # the group's own flags
+                        df.iloc[idx], model.mlp, model.tied_embeddings, model.dropout
+                    )
+                )
                 groups.append((h, idx, sub_model, strategies_of(df.iloc[idx])))
         d, L, s, V = (df[c].to_numpy(dtype=float) for c in ("d_model", "n_layers", "seq_len", "vocab"))
         n = df["gpus"].to_numpy(dtype=float)
