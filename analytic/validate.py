@@ -368,9 +368,9 @@ def validate(
     rows = FI.with_interval(rows, table, fitted, prm)
     summary = _summary(rows, ~cal_rows, table.rows(systems))
     summary.update(FI.coverage(rows.loc[~cal_rows]))
-    prm["notes"] = [*prm.get("notes", []), *extrapolation_notes(df, cal_rows)]
-    if not prm["notes"]:
-        del prm["notes"]
+    beyond = extrapolation_notes(df, cal_rows)
+    if beyond:
+        prm["notes"] = [*prm.get("notes", []), *beyond]
     return Validation(rows, summary, prm, split, fitted)
 
 
