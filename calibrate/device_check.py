@@ -105,6 +105,9 @@ def summary(dm: DeviceModel) -> str:
             f"max {max(ins):.1%}")  # fmt: skip
     if len(loo):
         text += f"; leave-one-run-out median {np.median(loo):.1%} max {np.max(loo):.1%}"
+        hinged = [r["run"] for r in dm.runs if r.get("loo_floor_s") is not None]
+        if hinged:  # their held-out step rests on an overhead known only from below
+            text += f" (without {', '.join(hinged)}: host-bound on a lower-bound overhead)"
         inside = [r["loo_inside"] for r in dm.runs if "loo_inside" in r]
         halves = [r["loo_interval_rel"] for r in dm.runs if "loo_interval_rel" in r]
         if inside:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from calib.calibrate.device_model import BF16, FP32_AUTOCAST, GELU, SWIGLU
 from calib.calibrate.device_step import layer_params
+from calib.ingest.gemms import GROUPED_OPS
 
 from calib.core.devices import flagged_classes
 from calib.core.rundir import Run
@@ -50,6 +51,9 @@ class RunFacts:
     host_issue_s: float
     gemms: pd.DataFrame  # m, n, k, batch, dur_s (median per shape), count
     flagged: frozenset[str] = field(default_factory=frozenset)
+    #: what the trace shows beyond an eager dense BF16/FP32 run: "fp8", "moe", "compiled"
+    #: joined by "+" ("" when none); the device model describes eager dense runs only
+    variant: str = ""
 
     @property
     def T(self) -> int:
@@ -112,8 +116,21 @@ def facts(run: Run) -> RunFacts | None:
         groups=_groups(ops, b * s, d, int(ffn), V, float(params)),
         host_ops=float(host["n_host_ops"].iloc[0]) if len(host) else float("nan"),
         host_issue_s=float(host["host_issue_s"].iloc[0]) if len(host) else float("nan"),
-        gemms=shapes, flagged=frozenset(flagged_classes(run.meta.notes)),
+        gemms=shapes, flagged=frozenset(flagged_classes(run.meta.notes)), variant=variant(names, g),
     )  # fmt: skip
+
+
+def variant(op_names: set[str], gemms: pd.DataFrame) -> str:
+    """The implementation variant a trace shows: FP8 GEMMs (Float8 operands), grouped
+    expert GEMMs (MoE), or TorchInductor's generated kernels (torch.compile)."""
+    tags = []
+    if len(gemms) and gemms["dtype"].astype(str).str.contains("Float8", regex=False).any():
+        tags.append("fp8")
+    if len(gemms) and gemms["op"].isin(GROUPED_OPS).any():
+        tags.append("moe")
+    if any(n.startswith("triton_") for n in op_names):
+        tags.append("compiled")
+    return "+".join(tags)
 
 
 def _pos(x) -> float | None:

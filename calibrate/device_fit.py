@@ -383,10 +383,25 @@ def host_free(dm: DeviceModel) -> DeviceModel:
     )
 
 
+def dense_runs(runs: Sequence[RunFacts]) -> tuple[list[RunFacts], str | None]:
+    """The runs the dense terms are fitted on, and a note naming any left out: an FP8,
+    MoE or torch.compile run (RunFacts.variant) would bend the GEMM roofline and the
+    memory-bound terms of the eager dense runs the device model describes."""
+    dense = [f for f in runs if not f.variant]
+    if dense and len(dense) < len(runs):
+        left = ", ".join(f"{f.name} ({f.variant})" for f in runs if f.variant)
+        return dense, f"left out of the device fit (it describes eager dense runs): {left}"
+    if not dense and runs:
+        kinds = ", ".join(sorted({f.variant for f in runs}))
+        return list(runs), f"every traced run is {kinds}: the dense terms are fitted on them as they are"
+    return list(runs), None
+
+
 def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_tflops: float, hbm_tbps: float,
                peak_source: str, stated_overhead: float | None = None) -> DeviceModel:  # fmt: skip
     """Every term of the device model from ``runs`` (and benchmark samples)."""
-    notes = []
+    runs, note = dense_runs(runs)
+    notes = [note] if note else []
     flagged = sorted({c for f in runs for c in f.flagged})
     if flagged:
         notes.append(f"left out of the fit (physics warnings at ingest): kernel classes {', '.join(flagged)}")

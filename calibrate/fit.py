@@ -202,7 +202,8 @@ def _device_model(sel: Selection, samples: pd.DataFrame, peak_info, profiler_ove
         peak, hbm, source = 0.0, 0.0, "no datasheet and no benchmark: rates are absolute"
     stated = profiler_overhead - 1.0 if profiler_overhead else None
     dm = device_fit.fit_device(runs, samples, device, peak, hbm, source, stated_overhead=stated)
-    dm = replace(dm, runs=device_check.check_runs(dm, runs, samples, stated_overhead=stated))
+    checked, _ = device_fit.dense_runs(runs)  # the runs left out are named in dm.notes
+    dm = replace(dm, runs=device_check.check_runs(dm, checked, samples, stated_overhead=stated))
     notes.extend(dm.notes)
     notes.append(device_check.summary(dm))
     return dm

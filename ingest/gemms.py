@@ -2,7 +2,8 @@
 
 These feed the GEMM model (achieved FLOP/s per shape) and the "work per operator" axis
 of k1 and k2.  Every device GEMM is counted exactly once: only matmul ops
-(``aten::mm``/``addmm``/``bmm``/``baddbmm``) that contain no other matmul op are kept.
+(``aten::mm``/``addmm``/``bmm``/``baddbmm``, FP8's ``_scaled_mm``, MoE's grouped
+``_grouped_mm``/``_scaled_grouped_mm``) that contain no other matmul op are kept.
 The composites that call them (``aten::linear``, ``aten::matmul``) are not matmul ops
 here, and a matmul nested in a matmul -- autocast re-dispatching ``aten::addmm`` into
 ``aten::addmm``, as HF's Conv1D does under bf16 autocast -- keeps only the inner one,
@@ -27,7 +28,13 @@ MATMUL_OPS = {
     "aten::_addmm_activation": (1, 2),
     "aten::bmm": (0, 1),
     "aten::baddbmm": (1, 2),
+    "aten::_scaled_mm": (0, 1),  # FP8: A (m, k) e4m3/e5m2, B (k, n), per-tensor scales
+    "aten::_grouped_mm": (0, 1),  # MoE experts: ragged groups along m, n or k (offs)
+    "aten::_scaled_grouped_mm": (0, 1),
 }
+#: grouped matmuls: the groups split one of m, n, k (2D operands; FLOPs 2 m n k in all)
+#: or are a batch (both operands 3D: batch = groups)
+GROUPED_OPS = frozenset({"aten::_grouped_mm", "aten::_scaled_grouped_mm"})
 
 
 def compute(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
@@ -75,7 +82,10 @@ def compute(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
         if not (_shape(a) and _shape(b)) or len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
             continue
         m[j], k[j], n[j] = a[-2], a[-1], b[-1]
-        batch[j] = int(np.prod(a[:-2], dtype=np.int64)) if len(a) > 2 else 1
+        if name in GROUPED_OPS:  # 3D x 2D splits n, 2D x 3D splits m: one group's batch is 1
+            batch[j] = a[0] if len(a) == 3 and len(b) == 3 else 1
+        else:
+            batch[j] = int(np.prod(a[:-2], dtype=np.int64)) if len(a) > 2 else 1
     m, n, k, batch = m[inv], n[inv], k[inv], batch[inv]
     dtype = [dtype[i] for i in inv.tolist()]
     ok = m >= 0
