@@ -44,6 +44,17 @@ def shape_of(model) -> Shape:
                  f(ex["ffn"]), f(ex["kv"]), str(ex["mlp"]), bool(ex["tied"]), attention_linears(model))  # fmt: skip
 
 
+def fp8_speedup(dm: DeviceModel, hw) -> float:
+    """FP8 GEMMs' speed over BF16: the system's traced FP8 GEMMs where it has some (1.78
+    on the H200 runs, fixtures/traces/h200), else the datasheet peak ratio (stated
+    default); 1 on hardware without FP8 units."""
+    if not hw.peak_fp8_tflops:
+        return 1.0
+    if dm.fp8_gemm_speedup is not None:
+        return float(dm.fp8_gemm_speedup.value)
+    return hw.peak_fp8_tflops / hw.peak_tflops
+
+
 def layer_terms(
     dm: DeviceModel, fam: Family, sh: Shape, b, t, sp, rc, flash, fp8=False, fp8_scale=1.0, attn_scale=1.0
 ) -> dict[str, np.ndarray]:

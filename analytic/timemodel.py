@@ -269,7 +269,7 @@ def evaluate(
     if dm is not None:  # the physical device model fitted from GPU traces
         fam, fam_note = dm.family(model.shape_extras["mlp"])
         sh = replace(DP.shape_of(model), s=s_loc, ffn=ffn_c)
-        r8 = (hw.peak_fp8_tflops or hw.peak_tflops) / hw.peak_tflops  # FP8 GEMMs (device_path)
+        r8 = DP.fp8_speedup(dm, hw)  # FP8 GEMMs: traced speed-up, else the datasheet ratio
         lt = DP.layer_terms(dm, fam, sh, b, t, sp, rc, flash, st.fp8, r8, mla)
         ht = DP.head_terms(dm, fam, sh, b, t)
         layer_tr, layer_kernel = share * lt["transformer"], share * (lt["transformer"] + lt["stream"])

@@ -49,7 +49,7 @@ class RunFacts:
     groups: pd.DataFrame  # index GROUPS: bytes, kernels, seconds of memory-bound kernels
     host_ops: float
     host_issue_s: float
-    gemms: pd.DataFrame  # m, n, k, batch, dur_s (median per shape), count
+    gemms: pd.DataFrame  # m, n, k, batch, fp8 (Float8 operands), dur_s (median per shape), count
     flagged: frozenset[str] = field(default_factory=frozenset)
     #: what the trace shows beyond an eager dense BF16/FP32 run: "fp8", "moe", "compiled"
     #: joined by "+" ("" when none); the device model describes eager dense runs only
@@ -102,10 +102,11 @@ def facts(run: Run) -> RunFacts | None:
     g = run.table("gemms")
     g = g[(g["device"] == "gpu") & (g["dur_s"] > 0)]
     per_it = max(g["iteration"].nunique(), 1)
+    g = g.assign(fp8=g["dtype"].astype(str).str.contains("Float8", regex=False))
     shapes = (
-        g.groupby(["m", "n", "k", "batch"])["dur_s"].agg(dur_s="median", count="size").reset_index()
+        g.groupby(["m", "n", "k", "batch", "fp8"])["dur_s"].agg(dur_s="median", count="size").reset_index()
         if len(g)
-        else pd.DataFrame(columns=["m", "n", "k", "batch", "dur_s", "count"])
+        else pd.DataFrame(columns=["m", "n", "k", "batch", "fp8", "dur_s", "count"])
     )
     shapes["count"] = shapes["count"] / per_it
     return RunFacts(

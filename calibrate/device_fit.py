@@ -62,7 +62,11 @@ def _quality(pred: np.ndarray, meas: np.ndarray, note: str = "") -> FitQuality:
 
 # ---- GEMMs --------------------------------------------------------------------------
 def gemm_points(runs: Sequence[RunFacts], bench: pd.DataFrame) -> pd.DataFrame:
-    rows = [f.gemms.assign(source=f.name) for f in runs if "gemm" not in f.flagged and len(f.gemms)]
+    rows = [
+        f.gemms[~f.gemms["fp8"].astype(bool)].assign(source=f.name)
+        for f in runs
+        if "gemm" not in f.flagged and len(f.gemms)
+    ]
     if len(bench):
         b = bench[bench["time_s"] >= BENCH_MIN_S]
         rows.append(
@@ -114,6 +118,26 @@ def fit_gemm(points: pd.DataFrame, hbm_tbps: float = 0.0) -> GemmModel:
     pred = model(r.x)
     q = _quality(pred, t, note=f"log-residual fit over {len(t)} matmul shapes")
     return GemmModel(**params, quality=q)
+
+
+def fit_fp8_gemm(runs: Sequence[RunFacts], gemm: GemmModel) -> Param | None:
+    """How much faster the traced FP8 GEMMs (``aten::_scaled_mm``) ran than the BF16
+    roofline predicts for their shapes: the time-weighted ratio, with the standard error
+    of the per-shape log ratios.  None when no run traced FP8 GEMMs."""
+    pts = [f.gemms[f.gemms["fp8"].astype(bool)].assign(source=f.name) for f in runs if len(f.gemms)]
+    pts = [p for p in pts if len(p)]
+    if not pts:
+        return None
+    p = pd.concat(pts, ignore_index=True)
+    bf16 = gemm.time_s(p["m"], p["n"], p["k"], p["batch"]) * p["count"].to_numpy(float)
+    meas = p["dur_s"].to_numpy(float) * p["count"].to_numpy(float)
+    ratio = float(bf16.sum() / meas.sum())
+    logs = np.log(bf16 / meas)
+    se = ratio * float(np.std(logs, ddof=1) / np.sqrt(len(logs))) if len(logs) > 1 else None
+    runs_txt = ", ".join(sorted(set(p["source"])))
+    return Param(
+        ratio, se, "", FITTED, f"{len(p)} traced FP8 GEMM shapes ({runs_txt}) over the BF16 roofline"
+    )
 
 
 # ---- attention, streamed bytes, optimizer ---------------------------------------------
@@ -400,6 +424,7 @@ def dense_runs(runs: Sequence[RunFacts]) -> tuple[list[RunFacts], str | None]:
 def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_tflops: float, hbm_tbps: float,
                peak_source: str, stated_overhead: float | None = None) -> DeviceModel:  # fmt: skip
     """Every term of the device model from ``runs`` (and benchmark samples)."""
+    traced = list(runs)
     runs, note = dense_runs(runs)
     notes = [note] if note else []
     flagged = sorted({c for f in runs for c in f.flagged})
@@ -421,5 +446,5 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
         attn_s_per_flop=c1, attn_s_per_io=c2, stream_tbps=bw, kernel_fixed_s=t0, optimizer_tbps=opt,
         weight_tbps=kinds.get("weight"), vocab_tbps=kinds.get("vocab"), optimizer_fixed_s=opt_fixed,
         host_s_per_op=host, step_gap_s=gap, profiler_overhead=phi, logit_bytes=logit, families=fams,
-        notes=tuple(notes),
+        notes=tuple(notes), fp8_gemm_speedup=fit_fp8_gemm(traced, gemm),
     )  # fmt: skip

@@ -174,6 +174,8 @@ class DeviceModel:
     weight_tbps: Param | None = None
     vocab_tbps: Param | None = None
     optimizer_fixed_s: Param | None = None  # per-step fixed cost of the fused optimizer
+    #: traced FP8 GEMMs' speed over the BF16 roofline (None: no FP8 traced; the datasheet ratio)
+    fp8_gemm_speedup: Param | None = None
 
     def family(self, mlp: str, weights: str | None = None) -> tuple[Family, str | None]:
         """The measured family for an MLP kind (and weight precision, when given), or a

@@ -33,6 +33,10 @@ def render(dm: DeviceModel) -> list[str]:
         f"profiler overhead {_v(dm.profiler_overhead, 100, '%', '.3g')}",
         f"  logits memory   {_v(dm.logit_bytes, unit='B per token x vocabulary entry')}",
     ]  # fmt: skip
+    if dm.fp8_gemm_speedup is not None:
+        L.append(
+            f"  FP8 GEMMs       x{_v(dm.fp8_gemm_speedup, digits='.3f')} the BF16 roofline ({dm.fp8_gemm_speedup.note})"
+        )
     for f in dm.families:
         L.append(
             f"  family {f.key:<20} streamed B per token-layer: {f.bytes_d.value:.4g} x d + {f.bytes_ffn.value:.4g} x ffn; "
