@@ -122,10 +122,11 @@ def facts(run: Run) -> RunFacts | None:
 
 
 def variant(op_names: set[str], gemms: pd.DataFrame) -> str:
-    """The implementation variant a trace shows: FP8 GEMMs (Float8 operands), grouped
-    expert GEMMs (MoE), or TorchInductor's generated kernels (torch.compile)."""
+    """The implementation variant a trace shows (``gemms``: the run's GEMM ops with their
+    ``fp8`` flag): FP8 GEMMs, grouped expert GEMMs (MoE), or TorchInductor's generated
+    kernels (torch.compile)."""
     tags = []
-    if len(gemms) and gemms["dtype"].astype(str).str.contains("Float8", regex=False).any():
+    if len(gemms) and gemms["fp8"].any():
         tags.append("fp8")
     if len(gemms) and gemms["op"].isin(GROUPED_OPS).any():
         tags.append("moe")
