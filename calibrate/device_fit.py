@@ -6,7 +6,8 @@ error from its fit's covariance (or the spread across runs):
 * GEMM roofline: every traced matmul shape (median kernel time) and every ``calib bench
   gemm`` sample of at least 50 us (shorter bench timings hold the launch latency the
   kernel durations of a trace do not);
-* attention, streamed bytes, optimizer: kernel time of their classes per run;
+* attention (:mod:`device_attention`), streamed bytes, optimizer: kernel time of their
+  classes per run;
 * host and gaps: the unprofiled step times measured beside the traces.
 
 Memory-bound bytes per token-layer, kernels and host operators per layer are measured
@@ -21,16 +22,16 @@ from dataclasses import replace
 
 import numpy as np
 import pandas as pd
+from calib.calibrate.device_attention import ATTN_HEAD_TILE, fit_attention
 from calib.calibrate.device_facts import RunFacts
 from calib.calibrate.device_model import (
     ADAM_BYTES_PER_PARAM,
-    ATTN_HEAD_TILE,
     DeviceModel,
     Family,
     GemmModel,
     act_count,
 )
-from calib.calibrate.params import DEFAULT, FITTED, FIXED, UNIDENTIFIABLE, FitQuality, Param
+from calib.calibrate.params import DEFAULT, FITTED, FIXED, UNIDENTIFIABLE, FitQuality, Param, lstsq_stderr
 from scipy.optimize import least_squares, nnls
 
 BENCH_MIN_S = 50e-6
@@ -45,10 +46,7 @@ REFERENCE_LOGIT_BYTES = 12.1
 REFERENCE_SOURCE = "reference H100 runs (fixtures/traces/h100/measured_steps.json)"
 
 
-def _se(jac: np.ndarray, resid: np.ndarray) -> np.ndarray:
-    dof = max(len(resid) - jac.shape[1], 1)
-    cov = np.linalg.pinv(jac.T @ jac) * float(resid @ resid) / dof
-    return np.sqrt(np.clip(np.diag(cov), 0.0, None))
+_se = lstsq_stderr
 
 
 def _quality(pred: np.ndarray, meas: np.ndarray, note: str = "") -> FitQuality:
@@ -140,37 +138,7 @@ def fit_fp8_gemm(runs: Sequence[RunFacts], gemm: GemmModel) -> Param | None:
     )
 
 
-# ---- attention, streamed bytes, optimizer ---------------------------------------------
-def attention_features(f: RunFacts) -> tuple[float, float]:
-    hd_pad = np.ceil(f.d / f.a / ATTN_HEAD_TILE) * ATTN_HEAD_TILE
-    return f.L * f.b * f.a * f.s * f.s * hd_pad, f.L * f.b * f.a * f.s * hd_pad
-
-
-def fit_attention(runs: Sequence[RunFacts]) -> tuple[Param, Param]:
-    rows = [
-        (attention_features(f), f.class_s.get("attention", 0.0))
-        for f in runs
-        if f.class_s.get("attention", 0) > 0
-    ]
-    if not rows:
-        note = "no attention kernels traced; default: 50 % of the datasheet-class 800 TFLOP/s"
-        return Param(1.0 / 400e12, unit="s/unit", status=DEFAULT, note=note), Param(
-            0.0, unit="s/unit", status=DEFAULT, note=note
-        )
-    X = np.array([r[0] for r in rows])
-    y = np.array([r[1] for r in rows])
-    A = X / y[:, None]
-    c, _ = nnls(A, np.ones(len(y)))
-    resid = A @ c - 1.0
-    if len(rows) > 2:
-        se = _se(A, resid)
-        return (Param(float(c[0]), float(se[0]), "s/unit"), Param(float(c[1]), float(se[1]), "s/unit"))
-    return (
-        Param(float(c[0]), None, "s/unit", UNIDENTIFIABLE, "fewer than 3 runs"),
-        Param(float(c[1]), None, "s/unit", UNIDENTIFIABLE, "fewer than 3 runs"),
-    )
-
-
+# ---- streamed bytes, optimizer --------------------------------------------------------
 STREAM_KINDS = {"act": ("d", "ffn"), "weight": ("param", "embed"), "vocab": ("vocab",)}
 
 
@@ -431,7 +399,7 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
     if flagged:
         notes.append(f"left out of the fit (physics warnings at ingest): kernel classes {', '.join(flagged)}")
     gemm = fit_gemm(gemm_points(runs, bench), hbm_tbps)
-    c1, c2 = fit_attention(runs)
+    c1, c2, c3 = fit_attention(runs)
     kinds = fit_stream(runs)
     bw, t0 = kinds["act"], kinds["t0"]
     opt, opt_fixed = fit_optimizer(runs)
@@ -443,7 +411,7 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
     notes.extend(host_notes)
     return DeviceModel(
         device=device, peak_tflops=peak_tflops, hbm_tbps=hbm_tbps, peak_source=peak_source, gemm=gemm,
-        attn_s_per_flop=c1, attn_s_per_io=c2, stream_tbps=bw, kernel_fixed_s=t0, optimizer_tbps=opt,
+        attn_s_per_flop=c1, attn_s_per_io=c2, attn_s_per_score=c3, attn_head_tile=ATTN_HEAD_TILE, stream_tbps=bw, kernel_fixed_s=t0, optimizer_tbps=opt,
         weight_tbps=kinds.get("weight"), vocab_tbps=kinds.get("vocab"), optimizer_fixed_s=opt_fixed,
         host_s_per_op=host, step_gap_s=gap, profiler_overhead=phi, logit_bytes=logit, families=fams,
         notes=tuple(notes), fp8_gemm_speedup=fit_fp8_gemm(traced, gemm),

@@ -7,8 +7,8 @@ from traces (and ``calib bench gemm``) with its uncertainty:
   a roofline with a per-kernel fixed cost, where ``a`` < 1 for a dimension that is not a
   multiple of 8 elements (cuBLAS then falls back to unaligned ``align1`` kernels: HF
   GPT-2's vocabulary 50257 runs at ~100-150 TFLOP/s while aligned layers run ~800).
-* **attention** (fused, flash): ``c_flop * L b a s^2 h' + c_io * L b a s h'``, h' the head
-  dimension padded to the kernel's tile (64).
+* **attention** (fused, flash): ``c_flop * L b a s^2 h' + c_score * L b a s^2 + c_io * L b a
+  s h'``, h' the head dimension padded to the kernels' multiple (:mod:`device_attention`).
 * **memory-bound kernels** (element-wise, casts/copies, normalisation, cross-entropy)
   from the bytes they stream at the achieved bandwidth plus a fixed cost per kernel; how
   many bytes per token and layer an implementation streams is measured from its traces
@@ -32,13 +32,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from calib.calibrate.device_attention import LEGACY_HEAD_TILE
 from calib.calibrate.params import FitQuality, Param
 from numpy.typing import ArrayLike
 
 from calib.core.strict import reject_unknown
 
 ALIGN_ELEMS = 8  # cuBLAS tensor-core kernels need 16-byte aligned rows: 8 bf16 elements
-ATTN_HEAD_TILE = 64  # flash-attention kernels pad the head dimension to this multiple
 GELU, SWIGLU = "gelu", "swiglu"
 FP32_AUTOCAST, BF16 = "fp32-autocast", "bf16"
 #: bytes per parameter the fused Adam step streams: read p, g, m, v, write p, m, v
@@ -176,6 +176,12 @@ class DeviceModel:
     optimizer_fixed_s: Param | None = None  # per-step fixed cost of the fused optimizer
     #: traced FP8 GEMMs' speed over the BF16 roofline (None: no FP8 traced; the datasheet ratio)
     fp8_gemm_speedup: Param | None = None
+    #: seconds per (L b a s^2) of fused attention: the exponentials and softmax bookkeeping
+    #: per score element, independent of the head width (None: a calibration from before
+    #: stop 23, fitted without it)
+    attn_s_per_score: Param | None = None
+    #: the head-dimension multiple h' was rounded to when the attention terms were fitted
+    attn_head_tile: int = LEGACY_HEAD_TILE
 
     def family(self, mlp: str, weights: str | None = None) -> tuple[Family, str | None]:
         """The measured family for an MLP kind (and weight precision, when given), or a
@@ -221,6 +227,9 @@ class DeviceModel:
             gemm=gemm,
             attn_s_per_flop=sc(self.attn_s_per_flop, 1.0 / fs),
             attn_s_per_io=sc(self.attn_s_per_io, 1.0 / bs),
+            # the exponentials run on the special-function units, not the tensor cores;
+            # no datasheet here states their rate, so they move with the FLOP/s (stated)
+            attn_s_per_score=None if self.attn_s_per_score is None else sc(self.attn_s_per_score, 1.0 / fs),
             stream_tbps=sc(self.stream_tbps, bs),
             optimizer_tbps=sc(self.optimizer_tbps, bs),
             weight_tbps=None if self.weight_tbps is None else sc(self.weight_tbps, bs),
@@ -261,6 +270,8 @@ class Shape:
 #: the fitted terms whose standard errors propagate into a prediction's interval
 _DEVICE_TERMS = (
     "attn_s_per_flop",
+    "attn_s_per_score",
+    "attn_s_per_io",
     "stream_tbps",
     "weight_tbps",
     "vocab_tbps",

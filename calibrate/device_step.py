@@ -21,9 +21,9 @@ parameter), the fused optimizer (bytes per parameter), and the host's issue time
 from __future__ import annotations
 
 import numpy as np
+from calib.calibrate import device_attention as A
 from calib.calibrate.device_model import (
     ADAM_BYTES_PER_PARAM,
-    ATTN_HEAD_TILE,
     GRAD_BYTES_PER_PARAM,
     STATIC_BYTES_PER_PARAM,
     SWIGLU,
@@ -101,13 +101,11 @@ def attention_layer_s(dm: DeviceModel, b, s, d, a, t, flash, passes_fwd=1.0) -> 
     b, s, d, a, t = _f(b), _f(s), _f(d), _f(a), _f(t)
     heads = np.maximum(a / t, 1.0)
     hd = d / a
-    hd_pad = np.ceil(hd / ATTN_HEAD_TILE) * ATTN_HEAD_TILE
+    hd_pad = A.padded_head(d, a, dm.attn_head_tile)
     # backward is ~2.5x forward; the fitted constants hold forward + backward once
     scale = (passes_fwd + 2.5) / 3.5
-    fused = scale * (
-        dm.attn_s_per_flop.value * b * heads * s * s * hd_pad
-        + dm.attn_s_per_io.value * b * heads * s * hd_pad
-    )
+    score = dm.attn_s_per_score.value if dm.attn_s_per_score is not None else 0.0
+    fused = scale * A.layer_s(dm.attn_s_per_flop.value, dm.attn_s_per_io.value, score, b, heads, s, hd_pad)
     g = dm.gemm
     bh = b * heads
     mm = g.time_s(s, s, hd, bh) + g.time_s(s, hd, s, bh)  # Q K^T and P V

@@ -117,3 +117,11 @@ class Saturating:
             x_unit=d.get("x_unit", "FLOP"),
             quality=FitQuality.from_json(d.get("quality")),
         )
+
+
+def lstsq_stderr(jac: np.ndarray, resid: np.ndarray) -> np.ndarray:
+    """Standard errors of a least-squares fit from its Jacobian and residuals (the
+    covariance ``pinv(J'J) * RSS / dof``; one degree of freedom at least)."""
+    dof = max(len(resid) - jac.shape[1], 1)
+    cov = np.linalg.pinv(jac.T @ jac) * float(resid @ resid) / dof
+    return np.sqrt(np.clip(np.diag(cov), 0.0, None))

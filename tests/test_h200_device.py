@@ -89,34 +89,36 @@ def test_fp8_moe_and_compiled_runs_are_named_and_left_out(h200_all):
 
 def test_dense_runs_in_sample_and_leave_one_out(h200_all):
     """With the variant runs left out, the nine dense runs fit as the H100 runs do
-    (observed: in-sample max 5.1 %, leave-one-out median 2.9 % over the runs not host-bound)."""
+    (observed: in-sample max 3.6 %, leave-one-out median 2.5 % over the runs not host-bound;
+    5.1 and 2.9 % before the attention's exponential term, stop 23)."""
     from calib.calibrate.device_check import loo_rel_errors
 
     _, model = h200_all
     dm = model.device_model_
     ins = [r["insample_step_s"] / MEASURED[r["run"]]["step_s_unprofiled_median"] - 1 for r in dm.runs]
-    assert max(map(abs, ins)) <= 0.06, ins
-    assert np.median(np.abs(loo_rel_errors(dm))) <= 0.04
-    assert sum(r["loo_inside"] for r in dm.runs) >= 8
+    assert max(map(abs, ins)) <= 0.04, ins
+    assert np.median(np.abs(loo_rel_errors(dm))) <= 0.03
+    assert sum(r["loo_inside"] for r in dm.runs) == 9
 
 
 def test_split_fixed_in_advance_new_dense_llamas(tmp_path):
     """Calibrated on the five H100-repeat runs and the GEMM bench only; the held-out runs
-    change the model (GQA, 4x wider layers) and the sequence (4K-32K).  Observed: -3.0 %,
-    +5.9 %, +19.5 % (32K tokens: attention fitted at s <= 2048), +3.7 %."""
+    change the model (GQA, 4x wider layers) and the sequence (4K-32K).  Observed: -3.4 %,
+    +1.4 %, -1.3 %, +0.4 % (until stop 22, without the attention's exponential term and
+    with a 64-wide head tile: -3.0, +5.9, +19.5 % at 32K tokens, +3.7 %)."""
     store = _store(tmp_path, H200, "h200-hf", REPLICAS)
     dm = SystemModel().fit(load_runs(system="h200-hf", store=store)).device_model_
     held = tmp_path / "held"
     facts = _facts(_store(held, H200, "h200-hf", NEW_DENSE), "h200-hf")
     errs = np.array([_err(dm, facts[k]) for k in NEW_DENSE])
-    assert np.median(np.abs(errs)) <= 0.06, errs
-    assert np.max(np.abs(errs)) <= 0.20, errs
+    assert np.median(np.abs(errs)) <= 0.02, errs
+    assert np.max(np.abs(errs)) <= 0.04, errs
 
 
 def test_held_out_dense_runs_inside_their_intervals(tmp_path):
-    """predict's 90 % interval carries the fitted terms' errors: attention measured at s <=
-    2048 only (its constant +-29 %) widens the 32K run's to [164, 420] ms, which holds
-    the measured 244 ms; every held-out dense run lies inside its interval."""
+    """predict's 90 % interval carries the fitted terms' errors (the 32K run's: [214, 268]
+    ms, measured 244; [164, 420] until stop 22, when the two-term attention constant fitted
+    at s <= 2048 was +-29 %); every held-out dense run lies inside its interval."""
     from calib.analytic.specs import ModelSpec
 
     store = _store(tmp_path, H200, "h200-hf", REPLICAS)
@@ -136,8 +138,8 @@ def test_held_out_dense_runs_inside_their_intervals(tmp_path):
 def test_h100_fit_carried_to_the_h200(tmp_path, h200_all):
     """The device model fitted on the H100 runs, moved by the preset's ratios (achievable
     matmul, HBM bandwidth; host costs unchanged), predicts the H200 dense runs.  Observed
-    median 5.3 %; the Llama run host-bound on the H100 host (+23 %) and 32K tokens (+18 %)
-    are the largest."""
+    median 4.8 % (5.3 % until stop 22, 32K tokens then +18 %, now -3 %); the Llama run
+    host-bound on the H100 host (+23 %) is the largest."""
     from calib.analytic.specs import load_hardware
     from calib.analytic.timemodel import System
 
@@ -146,7 +148,7 @@ def test_h100_fit_carried_to_the_h200(tmp_path, h200_all):
     moved = System(h100.calibration_, load_hardware("h200")).device_model
     facts = _facts(h200_all[0], "h200-hf")
     errs = np.array([_err(moved, f) for k, f in sorted(facts.items()) if k not in VARIANTS])
-    assert np.median(np.abs(errs)) <= 0.06, errs
+    assert np.median(np.abs(errs)) <= 0.05, errs
     assert np.max(np.abs(errs)) <= 0.25, errs
 
 

@@ -25,7 +25,8 @@ def render(dm: DeviceModel) -> list[str]:
         f"                  unaligned (dim not a multiple of 8) m x{_v(g.unaligned_m, digits='.3f')}, "
         f"n x{_v(g.unaligned_n, digits='.3f')}, k x{_v(g.unaligned_k, digits='.3f')}",
         f"  attention       {_v(dm.attn_s_per_flop, 1e15, 'fs', '.4g')} per b a s^2 h' (fused, fwd + bwd), "
-        f"{_v(dm.attn_s_per_io, 1e12, 'ps', '.3g')} per b a s h'",
+        f"{_v(dm.attn_s_per_score, 1e15, 'fs', '.4g')} per b a s^2, {_v(dm.attn_s_per_io, 1e12, 'ps', '.3g')} per b a s h' "
+        f"(h': head width rounded up to {dm.attn_head_tile})",
         f"  memory-bound    activations {_v(dm.stream_tbps, unit='TB/s')}, weights {_v(dm.weight_tbps, unit='TB/s')}, "
         f"logits {_v(dm.vocab_tbps, unit='TB/s')}; per kernel {_v(dm.kernel_fixed_s, 1e6, 'us', '.3g')}",
         f"  optimizer       {_v(dm.optimizer_tbps, unit='TB/s')} + {_v(dm.optimizer_fixed_s, 1e3, 'ms', '.3g')} per step",
