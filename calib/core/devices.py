@@ -1,7 +1,8 @@
 """Datasheet limits of known accelerators, for physics checks on measured kernels.
 
-Dense (non-sparse) tensor-core peaks and HBM bandwidth from the vendors' datasheets
-(NVIDIA A100/H100/H200 datasheets; the same values as analytic/data/hardware.yaml).
+Dense (non-sparse) tensor-core peaks (BF16, and FP8 where the device has it) and HBM
+bandwidth from the vendors' datasheets (NVIDIA A100/H100/H200 datasheets; the same values
+as analytic/data/hardware.yaml's peak_tflops / peak_fp8_tflops).
 A kernel class that runs faster than this was counted wrongly, not measured well.
 """
 
@@ -17,17 +18,27 @@ class DeviceLimits:
     bf16_tflops: float
     hbm_tbps: float
     source: str
+    #: dense FP8 tensor-core peak; None where the device has no FP8 units
+    fp8_tflops: float | None = None
 
 
 DEVICES = (
     DeviceLimits(
-        r"H100.*(SXM|HBM3)", 989.4, 3.35, "NVIDIA H100 SXM datasheet (dense BF16 989 TFLOP/s, 3.35 TB/s)"
+        r"H100.*(SXM|HBM3)",
+        989.4,
+        3.35,
+        "NVIDIA H100 SXM datasheet (dense BF16 989 TFLOP/s, 3.35 TB/s)",
+        1978.9,
     ),
     DeviceLimits(
-        r"H100.*(PCIe|HBM2e)", 756.0, 2.0, "NVIDIA H100 PCIe datasheet (dense BF16 756 TFLOP/s, 2.0 TB/s)"
+        r"H100.*(PCIe|HBM2e)",
+        756.0,
+        2.0,
+        "NVIDIA H100 PCIe datasheet (dense BF16 756 TFLOP/s, 2.0 TB/s)",
+        1513.0,
     ),
-    DeviceLimits(r"H100", 989.4, 3.35, "NVIDIA H100 SXM datasheet"),
-    DeviceLimits(r"H200", 989.4, 4.8, "NVIDIA H200 datasheet (dense BF16 989 TFLOP/s, 4.8 TB/s)"),
+    DeviceLimits(r"H100", 989.4, 3.35, "NVIDIA H100 SXM datasheet", 1978.9),
+    DeviceLimits(r"H200", 989.4, 4.8, "NVIDIA H200 datasheet (dense BF16 989 TFLOP/s, 4.8 TB/s)", 1978.9),
     DeviceLimits(r"A100.*80", 312.0, 2.039, "NVIDIA A100 80GB SXM datasheet (312 TFLOP/s, 2.039 TB/s)"),
     DeviceLimits(r"A100", 312.0, 1.555, "NVIDIA A100 40GB datasheet (312 TFLOP/s, 1.555 TB/s)"),
 )
