@@ -63,7 +63,9 @@ def layer_terms(
     ``fp8`` (Transformer Engine style): the linear GEMMs run at the fitted bf16 rate times
     ``fp8_scale`` (the FP8 over the bf16 peak: the same fraction of the FP8 peak, the rule a
     BF16-only calibration predicted the llm-foundry FP8 section with, docs/analytic.md) and
-    their casts stream at the fitted bandwidth; attention and the LM head stay bf16.
+    their casts stream at the fitted bandwidth (the traced bytes per operand element where
+    eager FP8 runs were fitted, device_fp8; else Transformer Engine's fused casts);
+    attention and the LM head stay bf16.
     ``attn_scale``: the attention core's FLOPs over a d / a-wide one (MLA's head widths,
     shape_terms.attention_dims_factor)."""
     from calib.analytic import precision as PR
@@ -90,9 +92,12 @@ def layer_terms(
     attn = attn_scale * attn * np.where(selective, 4.5 / 3.5, 1.0)  # selective: the core's forward once more
     stream = D.stream_layer_s(dm, fam, T, sh.d, sh.ffn, t, sp, stream_passes)
     if np.any(fp8):
-        casts = PR.cast_bytes_layer(
-            T, sh.d, sh.ffn, sh.kv / sh.a, mats, t, passes, linear_io(sh.attn)
-        )  # as the spec path
+        if dm.fp8_cast_bytes_per_elem is not None:  # the traced implementation's casts
+            casts = dm.fp8_cast_bytes_per_elem.value * D.fp8_operand_elems_layer(
+                T, sh.d, sh.a, sh.kv, sh.ffn, t, sh.mlp, passes, sh.attn
+            )
+        else:  # Transformer Engine's fused casts, as the spec path
+            casts = PR.cast_bytes_layer(T, sh.d, sh.ffn, sh.kv / sh.a, mats, t, passes, linear_io(sh.attn))
         stream = stream + np.where(fp8, casts / (dm.stream_tbps.value * 1e12), 0.0)
     return {"transformer": gemm + attn, "stream": stream}
 

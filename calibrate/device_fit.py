@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from calib.calibrate.device_attention import ATTN_HEAD_TILE, fit_attention
 from calib.calibrate.device_facts import RunFacts
+from calib.calibrate.device_fp8 import fit_fp8_casts, fit_fp8_gemm
 from calib.calibrate.device_model import (
     ADAM_BYTES_PER_PARAM,
     DeviceModel,
@@ -116,26 +117,6 @@ def fit_gemm(points: pd.DataFrame, hbm_tbps: float = 0.0) -> GemmModel:
     pred = model(r.x)
     q = _quality(pred, t, note=f"log-residual fit over {len(t)} matmul shapes")
     return GemmModel(**params, quality=q)
-
-
-def fit_fp8_gemm(runs: Sequence[RunFacts], gemm: GemmModel) -> Param | None:
-    """How much faster the traced FP8 GEMMs (``aten::_scaled_mm``) ran than the BF16
-    roofline predicts for their shapes: the time-weighted ratio, with the standard error
-    of the per-shape log ratios.  None when no run traced FP8 GEMMs."""
-    pts = [f.gemms[f.gemms["fp8"].astype(bool)].assign(source=f.name) for f in runs if len(f.gemms)]
-    pts = [p for p in pts if len(p)]
-    if not pts:
-        return None
-    p = pd.concat(pts, ignore_index=True)
-    bf16 = gemm.time_s(p["m"], p["n"], p["k"], p["batch"]) * p["count"].to_numpy(float)
-    meas = p["dur_s"].to_numpy(float) * p["count"].to_numpy(float)
-    ratio = float(bf16.sum() / meas.sum())
-    logs = np.log(bf16 / meas)
-    se = ratio * float(np.std(logs, ddof=1) / np.sqrt(len(logs))) if len(logs) > 1 else None
-    runs_txt = ", ".join(sorted(set(p["source"])))
-    return Param(
-        ratio, se, "", FITTED, f"{len(p)} traced FP8 GEMM shapes ({runs_txt}) over the BF16 roofline"
-    )
 
 
 # ---- streamed bytes, optimizer --------------------------------------------------------
@@ -409,10 +390,11 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
         replace(f, host_s_per_op=host_per_op(runs, phi.value, f.key)) for f in fit_families(runs, bw, t0, act)
     )
     notes.extend(host_notes)
-    return DeviceModel(
+    dm = DeviceModel(
         device=device, peak_tflops=peak_tflops, hbm_tbps=hbm_tbps, peak_source=peak_source, gemm=gemm,
         attn_s_per_flop=c1, attn_s_per_io=c2, attn_s_per_score=c3, attn_head_tile=ATTN_HEAD_TILE, stream_tbps=bw, kernel_fixed_s=t0, optimizer_tbps=opt,
         weight_tbps=kinds.get("weight"), vocab_tbps=kinds.get("vocab"), optimizer_fixed_s=opt_fixed,
         host_s_per_op=host, step_gap_s=gap, profiler_overhead=phi, logit_bytes=logit, families=fams,
         notes=tuple(notes), fp8_gemm_speedup=fit_fp8_gemm(traced, gemm),
     )  # fmt: skip
+    return replace(dm, fp8_cast_bytes_per_elem=fit_fp8_casts(traced, dm))

@@ -182,6 +182,9 @@ class DeviceModel:
     attn_s_per_score: Param | None = None
     #: the head-dimension multiple h' was rounded to when the attention terms were fitted
     attn_head_tile: int = LEGACY_HEAD_TILE
+    #: memory-bound traffic per FP8 GEMM operand element (amax, scale, cast, transposes),
+    #: measured from eager FP8 traces (device_fp8); None: Transformer Engine's fused casts
+    fp8_cast_bytes_per_elem: Param | None = None
 
     def family(self, mlp: str, weights: str | None = None) -> tuple[Family, str | None]:
         """The measured family for an MLP kind (and weight precision, when given), or a
@@ -280,6 +283,7 @@ _DEVICE_TERMS = (
     "optimizer_tbps",
     "host_s_per_op",
     "step_gap_s",
+    "fp8_cast_bytes_per_elem",
 )
 _GEMM_TERMS = ("rate_tflops", "operand_tbps", "fixed_s", "unaligned_m", "unaligned_n", "unaligned_k")
 _FAMILY_TERMS = ("bytes_d", "bytes_ffn", "bytes_vocab", "bytes_param", "bytes_embed", "host_s_per_op", "stream_tbps",

@@ -89,6 +89,18 @@ def gemm_layer_s(
     return np.asarray(total)
 
 
+def fp8_operand_elems_layer(T, d, a, kv, ffn, t, mlp: str, passes_fwd=1.0, attn=None) -> np.ndarray:
+    """Operand elements of one layer's linear GEMMs (forward ``passes_fwd`` times, input and
+    weight gradients) on one GPU: what FP8 casts (scales, transposes) must touch.  Forward
+    X W: T i + i o; input gradient: T o + i o; weight gradient: T i + T o."""
+    T, t = _f(T), _f(t)
+    total = 0.0
+    for i, o, col in linears(d, a, kv, ffn, mlp, attn):
+        i_t, o_t = np.where(col > 0, i, i / t), np.where(col > 0, o / t, o)
+        total = total + _f(passes_fwd) * (T * i_t + i_t * o_t) + (T * o_t + i_t * o_t) + (T * i_t + T * o_t)
+    return np.asarray(total)
+
+
 def head_gemm_s(dm: DeviceModel, T, d, V, t) -> np.ndarray:
     """The LM head's three GEMMs (forward, input gradient, weight gradient)."""
     Vt = np.ceil(_f(V) / _f(t))
@@ -192,12 +204,13 @@ def model_params(d, L, a, kv, ffn, V, mlp: str, tied=True) -> np.ndarray:
 
 
 def single_gpu(dm: DeviceModel, d, L, a, kv, ffn, s, V, b, mlp: str, tied=True, flash=True,
-               params=None, weights: str | None = None) -> dict[str, np.ndarray]:  # fmt: skip
-    """One training step on one GPU (no parallelism): time components, step and memory."""
+               params=None, weights: str | None = None, gemm_scale=1.0) -> dict[str, np.ndarray]:  # fmt: skip
+    """One training step on one GPU (no parallelism): time components, step and memory;
+    ``gemm_scale`` multiplies the layers' GEMM rate (FP8 GEMMs, casts not included)."""
     fam, _ = dm.family(mlp, weights)
     T = _f(b) * _f(s)
     P = model_params(d, L, a, kv, ffn, V, mlp, tied) if params is None else _f(params)
-    layer = (gemm_layer_s(dm, T, d, a, kv, ffn, 1.0, mlp) + attention_layer_s(dm, b, s, d, a, 1.0, flash)
+    layer = (gemm_layer_s(dm, T, d, a, kv, ffn, 1.0, mlp, 1.0, gemm_scale) + attention_layer_s(dm, b, s, d, a, 1.0, flash)
              + stream_layer_s(dm, fam, T, d, ffn, 1.0, False))  # fmt: skip
     head = head_gemm_s(dm, T, d, V, 1.0) + head_stream_s(dm, fam, T, V, 1.0)
     emb = _f(V) * _f(d) * np.where(np.asarray(tied, dtype=bool), 1.0, 2.0)

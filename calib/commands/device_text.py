@@ -34,6 +34,11 @@ def render(dm: DeviceModel) -> list[str]:
         f"profiler overhead {_v(dm.profiler_overhead, 100, '%', '.3g')}",
         f"  logits memory   {_v(dm.logit_bytes, unit='B per token x vocabulary entry')}",
     ]  # fmt: skip
+    if dm.fp8_cast_bytes_per_elem is not None:
+        L.append(
+            f"  FP8 casts       {_v(dm.fp8_cast_bytes_per_elem, digits='.3g', unit='B per GEMM operand element')} "
+            f"({dm.fp8_cast_bytes_per_elem.note})"
+        )
     if dm.fp8_gemm_speedup is not None:
         L.append(
             f"  FP8 GEMMs       x{_v(dm.fp8_gemm_speedup, digits='.3f')} the BF16 roofline ({dm.fp8_gemm_speedup.note})"
