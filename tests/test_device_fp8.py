@@ -72,3 +72,23 @@ def test_cast_bytes_per_operand_element_by_hand(tmp_path):
     gemm_s = float((f.gemms["count"] * f.gemms["dur_s"])[f.gemms["fp8"].astype(bool)].sum())
     assert cast_s > 2.0 * gemm_s
     assert np.isfinite(cast_s)
+
+
+def test_a_run_the_dense_model_already_overpredicts_adds_no_traffic(tmp_path):
+    """The compiled FP8 run of the 8B-wide layer, taken as if its casts were eager: its busy
+    time is below the dense model's (compile fused the element-wise work the eager model
+    counts), so its residual is negative (-2 B/elem observed) and is held at 0, with a note."""
+    from dataclasses import replace
+
+    from calib.calibrate.device_fp8 import fit_fp8_casts
+
+    name = "llama-fp8-compiled-d4096-s2k"
+    model = _fit(tmp_path, (*DENSE, name))
+    assert model.device_model_.fp8_cast_bytes_per_elem is None  # compiled casts are not measured
+    f = next(
+        x
+        for x in map(device_facts.facts, load_runs(system="h200-hf", store=tmp_path, kind="trace"))
+        if x.name == name
+    )
+    c = fit_fp8_casts([replace(f, variant="fp8")], model.device_model_)
+    assert c.value == 0.0 and "held at 0" in c.note, c
