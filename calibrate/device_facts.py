@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from calib.calibrate.device_model import BF16, FP32_AUTOCAST, GELU, SWIGLU
 from calib.calibrate.device_step import layer_params
-from calib.ingest.gemms import GROUPED_OPS
+from calib.ingest.gemms import GROUPED_OPS, fp8_operands
 
 from calib.core.devices import flagged_classes
 from calib.core.rundir import Run
@@ -102,7 +102,7 @@ def facts(run: Run) -> RunFacts | None:
     g = run.table("gemms")
     g = g[(g["device"] == "gpu") & (g["dur_s"] > 0)]
     per_it = max(g["iteration"].nunique(), 1)
-    g = g.assign(fp8=g["dtype"].astype(str).str.contains("Float8", regex=False))
+    g = g.assign(fp8=fp8_operands(g["dtype"]))
     shapes = (
         g.groupby(["m", "n", "k", "batch", "fp8"])["dur_s"].agg(dur_s="median", count="size").reset_index()
         if len(g)

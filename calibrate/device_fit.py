@@ -47,9 +47,6 @@ REFERENCE_LOGIT_BYTES = 12.1
 REFERENCE_SOURCE = "reference H100 runs (fixtures/traces/h100/measured_steps.json)"
 
 
-_se = lstsq_stderr
-
-
 def _quality(pred: np.ndarray, meas: np.ndarray, note: str = "") -> FitQuality:
     rel = pred / meas - 1.0
     ss = float(np.sum((meas - meas.mean()) ** 2))
@@ -101,7 +98,7 @@ def fit_gemm(points: pd.DataFrame, hbm_tbps: float = 0.0) -> GemmModel:
     c = points["count"].to_numpy(float)
     w = np.sqrt(c * t / np.mean(c * t))
     r = least_squares(lambda p: w * np.log(model(p) / t), x0, bounds=(lo, hi))
-    se = _se(r.jac, r.fun)
+    se = lstsq_stderr(r.jac, r.fun)
     names = ("rate_tflops", "operand_tbps", "fixed_s", "unaligned_m", "unaligned_n", "unaligned_k")
     units = ("TFLOP/s", "TB/s", "s", "", "", "")
     params = {}
@@ -145,7 +142,7 @@ def fit_stream(runs: Sequence[RunFacts]) -> dict[str, Param]:
                 "t0": Param(3e-6, unit="s", status=DEFAULT, note=note)}  # fmt: skip
     A, y = X[:, :-1], X[:, -1]
     c, _ = nnls(A, y)
-    se = _se(A, A @ c - y)
+    se = lstsq_stderr(A, A @ c - y)
     out = {}
     for j, kind in enumerate(kinds):
         if c[j] > 0 and np.count_nonzero(A[:, j]):
@@ -169,7 +166,7 @@ def fit_optimizer(runs: Sequence[RunFacts]) -> tuple[Param, Param | None]:
         A = np.column_stack([np.ones_like(b), b / 1e12])
         c, _ = nnls(A, t)
         if c[1] > 0:
-            se = _se(A, A @ c - t)
+            se = lstsq_stderr(A, A @ c - t)
             bw = 1.0 / c[1]
             return Param(float(bw), float(se[1] * bw * bw), "TB/s"), Param(float(c[0]), float(se[0]), "s")
     bws = b / t / 1e12
@@ -185,7 +182,7 @@ def _linear_in_layers(
     if len(np.unique(Ls)) >= 2:
         A = np.column_stack([Ls, np.ones_like(Ls)])
         c, *_ = np.linalg.lstsq(A, ys, rcond=None)
-        se = _se(A, A @ c - ys) if len(Ls) > 2 else np.array([np.nan, np.nan])
+        se = lstsq_stderr(A, A @ c - ys) if len(Ls) > 2 else np.array([np.nan, np.nan])
         return (Param(float(c[0]), None if np.isnan(se[0]) else float(se[0]), unit),
                 Param(float(c[1]), None if np.isnan(se[1]) else float(se[1]), unit))  # fmt: skip
     step = shared_intercept if shared_intercept is not None else 0.0
@@ -265,7 +262,7 @@ def fit_memory(runs: Sequence[RunFacts], keys: Sequence[str]) -> tuple[dict[str,
             y[i] = f.peak_mem_bytes - f.params * STATIC_BYTES_PER_PARAM[f.weights]
         W = A / y[:, None]
         c, _ = nnls(W, np.ones(len(y)))
-        se = _se(W, W @ c - 1.0)
+        se = lstsq_stderr(W, W @ c - 1.0)
         act = {k: Param(float(c[i]), float(se[i]), "") for i, k in enumerate(fams)}
         logit = Param(float(c[-1]), float(se[-1]), "B")
     else:

@@ -65,6 +65,14 @@ def linears(d, a, kv, ffn, mlp: str, attn=None) -> list[tuple[np.ndarray, np.nda
     return att + mlp_lin
 
 
+def sharded_linears(d, a, kv, ffn, t, mlp: str, attn=None):
+    """(in, out) of every linear layer on one of ``t`` tensor-parallel GPUs: a column-
+    parallel layer splits its output, a row-parallel one its input."""
+    t = _f(t)
+    for i, o, col in linears(d, a, kv, ffn, mlp, attn):
+        yield np.where(col > 0, i, i / t), np.where(col > 0, o / t, o)
+
+
 def layer_params(d, a, kv, ffn, mlp: str, attn=None) -> np.ndarray:
     """Weights of one layer (biases and norms are < 0.1 % and left out)."""
     return sum(i * o for i, o, _ in linears(d, a, kv, ffn, mlp, attn))
@@ -76,12 +84,10 @@ def gemm_layer_s(
     """GEMM seconds of one layer's forward (``passes_fwd`` times) and backward; ``scale``
     multiplies the fitted FLOP rate (FP8 GEMMs: the FP8 over the bf16 peak); ``attn`` as in
     :func:`linears`."""
-    T, t = _f(T), _f(t)
+    T = _f(T)
     g = dm.gemm
     total = 0.0
-    for i, o, col in linears(d, a, kv, ffn, mlp, attn):
-        i_t = np.where(col > 0, i, i / t)
-        o_t = np.where(col > 0, o / t, o)
+    for i_t, o_t in sharded_linears(d, a, kv, ffn, t, mlp, attn):
         fwd = g.time_s(T, np.round(o_t), np.round(i_t), scale=scale)
         dgrad = g.time_s(T, np.round(i_t), np.round(o_t), scale=scale)
         wgrad = g.time_s(np.round(o_t), np.round(i_t), T, scale=scale)
@@ -93,10 +99,9 @@ def fp8_operand_elems_layer(T, d, a, kv, ffn, t, mlp: str, passes_fwd=1.0, attn=
     """Operand elements of one layer's linear GEMMs (forward ``passes_fwd`` times, input and
     weight gradients) on one GPU: what FP8 casts (scales, transposes) must touch.  Forward
     X W: T i + i o; input gradient: T o + i o; weight gradient: T i + T o."""
-    T, t = _f(T), _f(t)
+    T = _f(T)
     total = 0.0
-    for i, o, col in linears(d, a, kv, ffn, mlp, attn):
-        i_t, o_t = np.where(col > 0, i, i / t), np.where(col > 0, o / t, o)
+    for i_t, o_t in sharded_linears(d, a, kv, ffn, t, mlp, attn):
         total = total + _f(passes_fwd) * (T * i_t + i_t * o_t) + (T * o_t + i_t * o_t) + (T * i_t + T * o_t)
     return np.asarray(total)
 

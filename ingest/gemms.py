@@ -37,6 +37,11 @@ MATMUL_OPS = {
 GROUPED_OPS = frozenset({"aten::_grouped_mm", "aten::_scaled_grouped_mm"})
 
 
+def fp8_operands(dtype: pd.Series) -> np.ndarray:
+    """Which GEMMs ran on FP8 operands (e4m3 / e5m2), from the gemms table's dtype column."""
+    return dtype.astype(str).str.contains("Float8", regex=False).to_numpy()
+
+
 def compute(ev: Events, tl: Timeline, rank: int) -> pd.DataFrame:
     """One row per matmul op with shapes; ``dur_s`` is its kernels' time (GPU) or its own (CPU)."""
     if len(tl.ops) == 0:

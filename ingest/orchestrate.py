@@ -192,7 +192,7 @@ def _physics_checks(tables: dict[str, pd.DataFrame], devices: tuple[str, ...]) -
     g = g[(g["device"] == "gpu") & (g["dur_s"] > 0)]
     if len(g):
         # FP8 operands run against the FP8 peak: the least time the matmuls can take
-        fp8 = g["dtype"].astype(str).str.contains("Float8", regex=False).to_numpy()
+        fp8 = _gemms.fp8_operands(g["dtype"])
         peak8 = lim.fp8_tflops or lim.bf16_tflops
         floor_s = (g["flops"].to_numpy() / np.where(fp8, peak8, lim.bf16_tflops)).sum() / 1e12
         if g["dur_s"].sum() < floor_s:
