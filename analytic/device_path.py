@@ -90,6 +90,7 @@ def layer_terms(
     attn = D.attention_layer_s(dm, b, sh.s, sh.d, sh.a, t, flash, passes)
     selective = np.asarray(rc) == F.SELECTIVE
     attn = attn_scale * attn * np.where(selective, 4.5 / 3.5, 1.0)  # selective: the core's forward once more
+    attn = D.attn_factor(fam) * attn  # torch.compile's traced attention (device_compile)
     stream = D.stream_layer_s(dm, fam, T, sh.d, sh.ffn, t, sp, stream_passes)
     if np.any(fp8):
         if dm.fp8_cast_bytes_per_elem is not None:  # the traced implementation's casts
@@ -98,7 +99,9 @@ def layer_terms(
             )
         else:  # Transformer Engine's fused casts, as the spec path
             casts = PR.cast_bytes_layer(T, sh.d, sh.ffn, sh.kv / sh.a, mats, t, passes, linear_io(sh.attn))
-        stream = stream + np.where(fp8, casts / (dm.stream_tbps.value * 1e12), 0.0)
+        if fam.cast_fusion is not None:  # torch.compile fuses the casts as it fuses the rest (stated)
+            casts = casts * fam.cast_fusion.value
+        stream = stream + np.where(fp8, casts / (D._bw(dm, fam) * 1e12), 0.0)
     return {"transformer": gemm + attn, "stream": stream}
 
 
@@ -145,3 +148,24 @@ def memory(
     # the runtime's own reserve (context, allocator slack) counts only against device memory
     mem["mem_reserve_bytes"] = np.full_like(mem["mem_total_bytes"], float(reserve_bytes))
     return mem
+
+
+def compiled_view(system, model, compiled: bool):
+    """The system predicting torch.compile'd training (``compiled``): its device model's
+    torch.compile family (calibrate.device_compile) where one was fitted for the model's
+    MLP kind; the eager terms otherwise, with a note.  Returns (system, notes)."""
+    from dataclasses import replace
+
+    if not compiled:
+        return system, []
+    dm = system.cal.device_model
+    if dm is None or not dm.families:
+        return system, ["torch.compile: not modelled without a device model fitted from GPU traces "
+                        "(the datasheet path prices eager kernels): predicted as eager"]  # fmt: skip
+    mlp = str(model.shape_extras["mlp"])
+    fam, note = dm.family(mlp, compiled=True)
+    if note is not None:
+        return system, [f"torch.compile: {note}"]
+    view = replace(system, cal=replace(system.cal, device_model=replace(dm, compiled=True)))
+    return view, [f"torch.compile: the {fam.key} family fitted on {', '.join(fam.runs)} (attention x"
+                  f"{fam.attn_scale.value:.2f} and streamed bytes x{fam.cast_fusion.value:.2f} of the eager model's)"]  # fmt: skip

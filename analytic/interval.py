@@ -36,7 +36,7 @@ def iter_interval(model, system, st, iter_s) -> tuple[np.ndarray, np.ndarray, li
     for p in perturbations(dm):
         r = evaluate(model, replace(system, cal=replace(system.cal, device_model=p)), st, lean=True)
         var = var + (np.asarray(r["iter_s"], dtype=float) / it - 1.0) ** 2
-    loo = loo_rel_errors(dm)
+    loo = loo_rel_errors(dm, dm.compiled)
     half = interval_half_width(np.sqrt(var), loo, LEVEL)
     floor = None
     if overhead_is_lower_bound(dm):  # host times are upper bounds: down to the device-bound floor

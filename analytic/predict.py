@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from calib.analytic import formulas as F
+from calib.analytic.device_path import compiled_view
 from calib.analytic.interval import iter_interval
 from calib.analytic.memory import overflow_term
 from calib.analytic.modern import check_modern, stack_notes
@@ -54,6 +55,7 @@ class Plan:
     tp_c: int = 1  # 2D TP (seed 002, analytic.tp2d): columns of the tp_r x tp_c grid; 1 = 1D TP
     tp2d_kind: int = 0  # 0 seed 002's 2D table, 1 SUMMA
     fused_layers: bool = False  # fused element-wise layers (Calculon's knob, seed 000)
+    compiled: bool = False  # torch.compile'd training (the device model's compiled family)
     shard: int = 0  # hybrid sharding: ZeRO-2/3 shard group size (analytic.hybrid); 0 = the DP group
     zero_impl: int = 0  # ZeRO as 0 DeepSpeed or 1 PyTorch FSDP runs it (analytic.dp_exposure)
 
@@ -92,6 +94,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
         raise InputError("gpus", "give at least one GPU count")
     gpus = sorted(set(gpus))
     _check_tp2d(model, plan)
+    system, compile_notes = compiled_view(system, model, plan.compiled)
     dps, batches = [], []
     for n in gpus:
         B = plan.global_batch or plan.micro_batch * (n // (plan.tp * plan.cp * plan.pp) or 1)
@@ -130,7 +133,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     df["hw_tflops_per_gpu"] = r["hw_tflops_per_gpu"]
     df["mfu"] = r["mfu"]
     df = df.assign(**scaling(df))
-    notes = [f"scaling relative to {gpus[0]} GPUs", *stack_notes(model, plan, system)]
+    notes = [f"scaling relative to {gpus[0]} GPUs", *compile_notes, *stack_notes(model, plan, system)]
     notes += attention_note(model, plan.flash_attention) + network_note(
         system, plan.zero, sharded_span(plan.tp, plan.cp, np.array(dps), plan.shard)
     )

@@ -363,7 +363,7 @@ def evaluate(
     dp_exposed = dp_exposed + c.get("tp2d_grad_s", 0.0)  # 2D TP: weight gradients over tp_c
     device_iter = (pipeline + optimizer) + dp_exposed
     # the host issues every kernel: a step takes at least its issue time (device model only)
-    iter_s = D.step_s(device_iter, host, dm) if dm is not None else device_iter
+    iter_s = D.step_s(device_iter, host, dm, fam) if dm is not None else device_iter
 
     # ---- memory per GPU (ZeRO-3 with PP holds ZeRO-1's states at the peak) --------------
     sm, g_mem = SPP.memory_strategies(st), X.groups(st)[0]

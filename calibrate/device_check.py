@@ -17,7 +17,20 @@ def _predict(dm: DeviceModel, f: RunFacts) -> tuple[float, float]:
     from calib.calibrate.device_step import single_gpu
 
     p = single_gpu(
-        dm, f.d, f.L, f.a, f.kv, f.ffn, f.s, f.V, f.b, f.mlp, tied=f.tied, params=f.params, weights=f.weights
+        dm,
+        f.d,
+        f.L,
+        f.a,
+        f.kv,
+        f.ffn,
+        f.s,
+        f.V,
+        f.b,
+        f.mlp,
+        tied=f.tied,
+        params=f.params,
+        weights=f.weights,
+        compiled=f.compiled,
     )
     return float(p["step_s"]), float(p["mem_bytes"])
 
@@ -63,16 +76,26 @@ def check_runs(
             r["loo_floor_s"] = hinges[r["run"]]
     errs = {r["run"]: r["loo_step_s"] / r["measured_step_s"] - 1.0 for r in rows
             if r["loo_step_s"] and r["measured_step_s"]}  # fmt: skip
+    kind = {r["run"]: _is_compiled(r) for r in rows}
     for r in rows:
         if r["run"] in errs:
             # model-error samples: the other runs whose prediction did not rest on the
             # unidentified overhead (that term's range enters as the floor instead)
             others = [e for k, e in errs.items() if k != r["run"] and k not in hinges]
+            same = [
+                e for k, e in errs.items() if k != r["run"] and k not in hinges and kind[k] == kind[r["run"]]
+            ]
+            others = same if len(same) >= MIN_KIND_RUNS else others
             half = float(interval_half_width(loo_sig.get(r["run"], 0.0), others))
             lo, hi = band(r["loo_step_s"], half, r.get("loo_floor_s"))
             r.update(loo_interval_rel=half, loo_lo_s=lo, loo_hi_s=hi,
                      loo_inside=bool(lo <= r["measured_step_s"] <= hi))  # fmt: skip
     return tuple(rows)
+
+
+#: fewest leave-one-out errors of one implementation (eager, torch.compile) an interval
+#: is built from alone; fewer pool every run's (stated)
+MIN_KIND_RUNS = 3
 
 
 def band(step_s, half, floor_s=None):
@@ -85,14 +108,23 @@ def band(step_s, half, floor_s=None):
     return (float(lo), float(step_s * (1.0 + half))) if lo.ndim == 0 else (lo, step_s * (1.0 + half))
 
 
-def loo_rel_errors(dm: DeviceModel) -> np.ndarray:
-    """Relative leave-one-run-out errors of the step time (the interval's empirical part)."""
-    e = [
-        r["loo_step_s"] / r["measured_step_s"] - 1.0
+def _is_compiled(row) -> bool:
+    return str(row.get("family", "")).endswith("/compiled")
+
+
+def loo_rel_errors(dm: DeviceModel, compiled: bool | None = None) -> np.ndarray:
+    """Relative leave-one-run-out errors of the step time (the interval's empirical part):
+    of the runs of one implementation (eager or torch.compile, ``compiled``) where at
+    least MIN_KIND_RUNS have them, else of every run."""
+    rows = [
+        r
         for r in dm.runs
         if r.get("loo_step_s") and r.get("measured_step_s") and r.get("loo_floor_s") is None
     ]
-    return np.asarray(e, dtype=float)
+    if compiled is not None:
+        own = [r for r in rows if _is_compiled(r) == compiled]
+        rows = own if len(own) >= MIN_KIND_RUNS else rows
+    return np.asarray([r["loo_step_s"] / r["measured_step_s"] - 1.0 for r in rows], dtype=float)
 
 
 def summary(dm: DeviceModel) -> str:

@@ -60,8 +60,13 @@ class RunFacts:
         return self.b * self.s
 
     @property
+    def compiled(self) -> bool:
+        """TorchInductor's kernels in the trace (torch.compile)."""
+        return "compiled" in self.variant.split("+")
+
+    @property
     def family_key(self) -> str:
-        return f"{self.mlp}/{self.weights}"
+        return f"{self.mlp}/{self.weights}" + ("/compiled" if self.compiled else "")
 
 
 def _int(model: dict, key: str, default: int | None = None) -> int | None:
@@ -84,7 +89,9 @@ def facts(run: Run) -> RunFacts | None:
     it = _steady_iteration(buckets)
     ops = ops[ops["iteration"] == it]
     names = set(ops["op"].astype(str))
-    mlp = SWIGLU if names & set(SWIGLU_OPS) else GELU
+    # eager: the silu ops; torch.compile: Inductor's fused kernels name the ops they fuse
+    fused_silu = any(n.startswith("triton_") and "silu" in n for n in names)
+    mlp = SWIGLU if names & set(SWIGLU_OPS) or fused_silu else GELU
     ffn = _int(m, "ffn") or _ffn_from_gemms(run.table("gemms"), d, b * s, V) or 4 * d
     kv = _int(m, "kv", a)
     prec = str(m.get("precision", "")).lower()

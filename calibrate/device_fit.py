@@ -23,6 +23,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 from calib.calibrate.device_attention import ATTN_HEAD_TILE, fit_attention
+from calib.calibrate.device_compile import compiled_runs, fit_compiled_families
 from calib.calibrate.device_facts import RunFacts
 from calib.calibrate.device_fp8 import fit_fp8_casts, fit_fp8_gemm
 from calib.calibrate.device_model import (
@@ -394,4 +395,10 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
         host_s_per_op=host, step_gap_s=gap, profiler_overhead=phi, logit_bytes=logit, families=fams,
         notes=tuple(notes), fp8_gemm_speedup=fit_fp8_gemm(traced, gemm),
     )  # fmt: skip
-    return replace(dm, fp8_cast_bytes_per_elem=fit_fp8_casts(traced, dm))
+    dm = replace(dm, fp8_cast_bytes_per_elem=fit_fp8_casts(traced, dm))
+    compiled = fit_compiled_families([*runs, *compiled_runs(traced)], dm) if len(runs) < len(traced) else ()
+    if compiled:
+        names = ", ".join(n for fam in compiled for n in fam.runs)
+        notes = [*dm.notes, f"torch.compile family fitted on {names} (against the eager model)"]
+        dm = replace(dm, families=dm.families + compiled, notes=tuple(notes))
+    return dm

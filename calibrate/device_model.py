@@ -135,10 +135,17 @@ class Family:
     )
     kernel_fixed_s: Param | None = None  # fixed seconds per memory-bound kernel (None: the device's)
     runs: tuple[str, ...] = ()
+    #: torch.compile (TorchInductor) runs of this MLP kind and precision (device_compile): the
+    #: same GEMMs and optimizer, its own fused memory-bound kernels, host ops, activations,
+    #: and the three terms below, each measured against the eager model on its traces
+    compiled: bool = False
+    attn_scale: Param | None = None  # traced attention kernel time over the device model's
+    step_gap_s: Param | None = None  # device idle per device-bound step (None: the device's)
+    cast_fusion: Param | None = None  # streamed bytes per token-layer over the eager family's
 
     @property
     def key(self) -> str:
-        return f"{self.mlp}/{self.weights}"
+        return f"{self.mlp}/{self.weights}" + ("/compiled" if self.compiled else "")
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Family:
@@ -185,20 +192,37 @@ class DeviceModel:
     #: memory-bound traffic per FP8 GEMM operand element (amax, scale, cast, transposes),
     #: measured from eager FP8 traces (device_fp8); None: Transformer Engine's fused casts
     fp8_cast_bytes_per_elem: Param | None = None
+    #: predict torch.compile'd training (a view set per prediction, never fitted): the
+    #: compiled families where traced, else the eager ones with a note
+    compiled: bool = False
 
-    def family(self, mlp: str, weights: str | None = None) -> tuple[Family, str | None]:
-        """The measured family for an MLP kind (and weight precision, when given), or a
-        stand-in with a note: the nearest family's memory-bound work and host ops, the
+    def family(
+        self, mlp: str, weights: str | None = None, compiled: bool | None = None
+    ) -> tuple[Family, str | None]:
+        """The measured family for an MLP kind (and weight precision, when given) and
+        implementation (eager, or torch.compile: ``compiled``, default the model's view), or
+        a stand-in with a note: the nearest family's memory-bound work and host ops, the
         requested MLP and precision, and the hand-counted activation memory (scale 1)."""
-        fits = [f for f in self.families if f.mlp == mlp and (weights is None or f.weights == weights)]
+        want = self.compiled if compiled is None else compiled
+        if want:
+            fits = [
+                f
+                for f in self.families
+                if f.compiled and f.mlp == mlp and (weights is None or f.weights == weights)
+            ]
+            if fits:
+                return fits[0], None
+            fam, note = self.family(mlp, weights, compiled=False)
+            why = f"no torch.compile family of a {mlp} model fitted: predicted with the {fam.key} family"
+            return fam, why if note is None else f"{why}; {note}"
+        eager = tuple(f for f in self.families if not f.compiled)
+        fits = [f for f in eager if f.mlp == mlp and (weights is None or f.weights == weights)]
         if fits:
             return fits[0], None
-        if not self.families:
-            raise ValueError("device model has no measured families")
-        near = [f for f in self.families if f.mlp == mlp] or [
-            f for f in self.families if f.weights == weights
-        ]
-        base = (near or list(self.families))[0]
+        if not eager:
+            raise ValueError("device model has no measured eager families")
+        near = [f for f in eager if f.mlp == mlp] or [f for f in eager if f.weights == weights]
+        base = (near or list(eager))[0]
         want = f"{mlp}/{weights or base.weights}"
         scale = Param(
             1.0, unit="", status="default", note=f"no traced {want} model: activation memory as counted"
@@ -287,7 +311,7 @@ _DEVICE_TERMS = (
 )
 _GEMM_TERMS = ("rate_tflops", "operand_tbps", "fixed_s", "unaligned_m", "unaligned_n", "unaligned_k")
 _FAMILY_TERMS = ("bytes_d", "bytes_ffn", "bytes_vocab", "bytes_param", "bytes_embed", "host_s_per_op", "stream_tbps",
-                 "kernel_fixed_s", "host_ops_layer", "act_scale")  # fmt: skip
+                 "kernel_fixed_s", "host_ops_layer", "act_scale", "attn_scale", "step_gap_s", "cast_fusion")  # fmt: skip
 
 
 def _bumped(p: Param | None) -> Param | None:

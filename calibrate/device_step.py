@@ -168,9 +168,17 @@ def host_s(dm: DeviceModel, fam: Family, layers, microbatches) -> np.ndarray:
     return ops * (fam.host_s_per_op or dm.host_s_per_op).value
 
 
-def step_s(gpu_s: ArrayLike, host: ArrayLike, dm: DeviceModel) -> np.ndarray:
-    """A step takes the longer of the device's work (plus its fixed idle gaps) and the host's."""
-    return np.maximum(_f(gpu_s) + dm.step_gap_s.value, _f(host))
+def step_s(gpu_s: ArrayLike, host: ArrayLike, dm: DeviceModel, fam: Family | None = None) -> np.ndarray:
+    """A step takes the longer of the device's work (plus its fixed idle gaps: the
+    family's where measured, torch.compile's) and the host's."""
+    gap = fam.step_gap_s if fam is not None and fam.step_gap_s is not None else dm.step_gap_s
+    return np.maximum(_f(gpu_s) + gap.value, _f(host))
+
+
+def attn_factor(fam: Family) -> float:
+    """The family's traced attention kernel time over the device model's (torch.compile
+    runs, device_compile); 1 for the eager families the attention terms were fitted on."""
+    return 1.0 if fam.attn_scale is None else float(fam.attn_scale.value)
 
 
 def act_layer_bytes(fam: Family, d, kv_frac, ffn) -> np.ndarray:
@@ -209,17 +217,18 @@ def model_params(d, L, a, kv, ffn, V, mlp: str, tied=True) -> np.ndarray:
 
 
 def single_gpu(dm: DeviceModel, d, L, a, kv, ffn, s, V, b, mlp: str, tied=True, flash=True,
-               params=None, weights: str | None = None, gemm_scale=1.0) -> dict[str, np.ndarray]:  # fmt: skip
+               params=None, weights: str | None = None, gemm_scale=1.0, compiled: bool | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """One training step on one GPU (no parallelism): time components, step and memory;
-    ``gemm_scale`` multiplies the layers' GEMM rate (FP8 GEMMs, casts not included)."""
-    fam, _ = dm.family(mlp, weights)
+    ``gemm_scale`` multiplies the layers' GEMM rate (FP8 GEMMs, casts not included);
+    ``compiled``: the torch.compile family (default the model's view)."""
+    fam, _ = dm.family(mlp, weights, compiled)
     T = _f(b) * _f(s)
     P = model_params(d, L, a, kv, ffn, V, mlp, tied) if params is None else _f(params)
-    layer = (gemm_layer_s(dm, T, d, a, kv, ffn, 1.0, mlp, 1.0, gemm_scale) + attention_layer_s(dm, b, s, d, a, 1.0, flash)
+    layer = (gemm_layer_s(dm, T, d, a, kv, ffn, 1.0, mlp, 1.0, gemm_scale) + attn_factor(fam) * attention_layer_s(dm, b, s, d, a, 1.0, flash)
              + stream_layer_s(dm, fam, T, d, ffn, 1.0, False))  # fmt: skip
     head = head_gemm_s(dm, T, d, V, 1.0) + head_stream_s(dm, fam, T, V, 1.0)
     emb = _f(V) * _f(d) * np.where(np.asarray(tied, dtype=bool), 1.0, 2.0)
     gpu = _f(L) * layer + head + step_fixed_s(dm, fam, P - emb, emb) + optimizer_s(dm, fam, P)
     host = host_s(dm, fam, L, 1.0)
     mem = memory_bytes(dm, fam, P, P, P, T, L, d, V, 1.0, ffn=ffn, kv_frac=_f(kv) / _f(a))
-    return {"step_s": step_s(gpu, host, dm), "gpu_s": gpu, "host_s": host, "mem_bytes": mem["total"]}
+    return {"step_s": step_s(gpu, host, dm, fam), "gpu_s": gpu, "host_s": host, "mem_bytes": mem["total"]}

@@ -20,6 +20,7 @@ import scipy
 from calib.calibrate import compute, device_check, device_facts, device_fit
 from calib.calibrate.calibration import Calibration, Param, Saturating
 from calib.calibrate.collectives import fit_series, size_series
+from calib.calibrate.device_compile import compiled_runs
 from calib.calibrate.device_model import DeviceModel
 from calib.calibrate.netfit import fit_nccl
 from calib.calibrate.select import Selection, needs_text, select
@@ -203,6 +204,8 @@ def _device_model(sel: Selection, samples: pd.DataFrame, peak_info, profiler_ove
     stated = profiler_overhead - 1.0 if profiler_overhead else None
     dm = device_fit.fit_device(runs, samples, device, peak, hbm, source, stated_overhead=stated)
     checked, _ = device_fit.dense_runs(runs)  # the runs left out are named in dm.notes
+    if len(checked) < len(runs):  # torch.compile runs are predicted by their own family
+        checked = checked + compiled_runs(runs)
     dm = replace(dm, runs=device_check.check_runs(dm, checked, samples, stated_overhead=stated))
     notes.extend(dm.notes)
     notes.append(device_check.summary(dm))

@@ -226,6 +226,13 @@ def stack_options(f):
                 is_flag=True,
                 help="Overlap TP collectives with GEMMs (a stated fraction).",
             ),
+            click.option(
+                "--compile",
+                "compiled",
+                is_flag=True,
+                help="torch.compile'd training: the device model's torch.compile family, fitted from the "
+                "system's compiled traces (without one: predicted as eager, with a note).",
+            ),
         ]
     ):
         f = opt(f)
@@ -277,6 +284,7 @@ def pop_stack(kw: dict) -> dict:
         "schedule": schedule_code(kw.pop("schedule")),
         "dist_opt": kw.pop("distributed_optimizer"),
         "tp_overlap": kw.pop("tp_comm_overlap"),
+        "compiled": kw.pop("compiled", False),
     }
 
 
@@ -295,4 +303,5 @@ def stack_label(p: dict) -> str:
     out += f" schedule={SCHEDULES[p['schedule']]}" if p["schedule"] else ""
     out += " +dist-opt" if p["dist_opt"] else ""
     out += " +TP-overlap" if p["tp_overlap"] else ""
+    out += " +compile" if p.get("compiled") else ""
     return out

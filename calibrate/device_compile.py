@@ -1,0 +1,105 @@
+"""torch.compile (TorchInductor) as its own implementation family of the device model.
+
+A compiled step runs the same cuBLAS GEMMs and fused optimizer as the eager one (their
+kernel times agree within 3 % on the H200 twins, fixtures/traces/h200), but Inductor fuses
+chains of element-wise ops into generated Triton kernels: fewer bytes streamed per token
+and layer, fewer kernels, far fewer host operators, fewer activations kept.  Those are a
+:class:`~calib.calibrate.device_model.Family`'s terms, so a compiled run gets a family of
+its own, measured from its traces as the eager families are (``device_fit.fit_families``),
+with its own streaming bandwidth and fixed cost per kernel, plus four terms measured
+against the eager model the dense runs fitted:
+
+* ``attn_scale``: the traced attention kernel time over the device model's prediction
+  (on the H200 runs the same cuDNN attention ran 2.6-3.3x slower inside the compiled
+  graphs: a property of that software stack, measured, not assumed);
+* ``step_gap_s``: the device's idle time per device-bound step (fewer host syncs);
+* ``act_scale``: activation memory over the hand count, with the eager logit bytes;
+* ``cast_fusion``: the family's streamed bytes per token-layer-d over the eager family's,
+  the share of element-wise traffic compile leaves; FP8 casts traced eagerly
+  (device_fp8) are scaled by it when a compiled FP8 step is predicted (a stated
+  assumption: compile fuses the casts as it fuses the rest).
+
+Only runs tagged ``compiled`` alone are used (an FP8 or MoE compiled run mixes two
+changes).  Without compiled runs a system has no compiled family and predictions of
+compiled training are the eager ones, with a note (DeviceModel.family).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+from calib.calibrate import device_step as D
+from calib.calibrate.device_facts import RunFacts
+from calib.calibrate.device_model import STATIC_BYTES_PER_PARAM, DeviceModel, Family, act_count
+from calib.calibrate.params import FITTED, UNIDENTIFIABLE, Param
+
+#: the variant tag (device_facts.variant) of a dense torch.compile run
+COMPILED = "compiled"
+
+
+def compiled_runs(runs: Sequence[RunFacts]) -> list[RunFacts]:
+    return [f for f in runs if f.variant == COMPILED]
+
+
+def _mean(xs: Sequence[float], unit: str, note: str) -> Param:
+    x = np.asarray([v for v in xs if np.isfinite(v)], dtype=float)
+    if len(x) > 1:
+        return Param(float(x.mean()), float(x.std(ddof=1) / np.sqrt(len(x))), unit, FITTED, note)
+    return Param(float(x.mean()), None, unit, UNIDENTIFIABLE, f"{note}; one run: its spread unknown")
+
+
+def _attention_s(dm: DeviceModel, f: RunFacts) -> float:
+    return float(f.L * D.attention_layer_s(dm, f.b, f.s, f.d, f.a, 1.0, True))
+
+
+def _act_scale(dm: DeviceModel, fs: Sequence[RunFacts]) -> Param | None:
+    xs = []
+    for f in fs:
+        if not f.peak_mem_bytes:
+            continue
+        acts = (
+            f.peak_mem_bytes - f.params * STATIC_BYTES_PER_PARAM[f.weights] - dm.logit_bytes.value * f.T * f.V
+        )
+        xs.append(acts / (f.T * f.L * float(act_count(f.family_key, f.d, f.kv / f.a, f.ffn))))
+    return _mean(xs, "", "measured peak over the hand count, the eager logit bytes") if xs else None
+
+
+def fit_compiled_families(runs: Sequence[RunFacts], dm: DeviceModel) -> tuple[Family, ...]:
+    """One family per MLP kind and precision of the ``compiled`` runs (module docstring),
+    fitted against ``dm`` (the eager model); () when there are none."""
+    from calib.calibrate.device_fit import fit_families, fit_stream, host_per_op
+
+    cr = [f for f in compiled_runs(runs) if f.busy_s > 0]
+    if not cr:
+        return ()
+    kinds = fit_stream(cr)
+    bw, t0 = kinds["act"], kinds["t0"]
+    out = []
+    for key in sorted({f.family_key for f in cr}):
+        fs = [f for f in cr if f.family_key == key]
+        names = ", ".join(f.name for f in fs)
+        eager, _ = dm.family(fs[0].mlp, fs[0].weights, compiled=False)
+        act = _act_scale(dm, fs) or replace(
+            eager.act_scale, note="no measured peak memory: the eager family's"
+        )
+        (fam,) = fit_families(fs, bw, t0, {key: act})
+        attn = _mean([f.class_s.get("attention", 0.0) / _attention_s(dm, f) for f in fs], "",
+                     f"traced attention over the device model's ({names})")  # fmt: skip
+        bound = [f for f in fs if f.step_s and f.host_issue_s < 0.9 * f.wall_s]
+        gap = (
+            _mean([f.step_s - f.busy_s for f in bound], "s", f"device-bound compiled runs ({names})")
+            if bound
+            else None
+        )
+        fusion = Param(
+            fam.bytes_d.value / eager.bytes_d.value,
+            None if fam.bytes_d.stderr is None else fam.bytes_d.stderr / eager.bytes_d.value,
+            "", FITTED, f"streamed bytes per token-layer-d over the eager {eager.key} family's",
+        )  # fmt: skip
+        out.append(replace(
+            fam, compiled=True, stream_tbps=bw, kernel_fixed_s=t0, attn_scale=attn, step_gap_s=gap,
+            cast_fusion=fusion, host_s_per_op=host_per_op(list(runs), dm.profiler_overhead.value, key),
+        ))  # fmt: skip
+    return tuple(out)
