@@ -277,8 +277,8 @@ class SystemModel(SeedsMixin):
         ``plan``: ``zero``, ``tp``, ``pp``, ``micro_batch``, ``global_batch``, ``interleave``,
         ``seq_parallel``, ``dp_overlap``, ``flash_attention``, and ``cp``, ``ep``, ``cp_kind``,
         ``fp8``, ``schedule``, ``dist_opt``, ``tp_overlap``, ``master``, 2D TP ``tp_c`` and
-        ``tp2d_kind``, ``fused_layers``, hybrid sharding ``shard`` (codes as in
-        :class:`calib.analytic.predict.Plan`).
+        ``tp2d_kind``, ``fused_layers``, hybrid sharding ``shard``, torch.compile ``compiled``
+        (codes as in :class:`calib.analytic.predict.Plan`).
         """
         from calib.analytic.formulas import recompute_code
         from calib.analytic.predict import predict as run_predict
@@ -305,10 +305,13 @@ class SystemModel(SeedsMixin):
         objective: str = "time",
         dtype: str = "bf16",
         power: str | Path | None = None,
+        compiled: bool = False,
         **space: Any,
     ) -> SearchResult:
         """Every valid strategy on ``gpus``, ranked by ``objective`` (time, energy or cost;
-        ``space``: :class:`Space` fields)."""
+        ``space``: :class:`Space` fields; ``compiled``: torch.compile'd training, the device
+        model's compiled family)."""
+        from calib.analytic.device_path import compiled_view
         from calib.analytic.formulas import RECOMPUTE_NAMES
         from calib.analytic.search import search as run_search
 
@@ -317,6 +320,7 @@ class SystemModel(SeedsMixin):
         if batch is None:
             raise InputError("global_batch", f"model {spec.label} has no default global batch; give one")
         machine, _ = self.machine(hardware)
+        machine, _ = compiled_view(machine, spec, compiled)
         pw = None
         if objective == "energy":
             from calib.commands.energy_cli import power_spec

@@ -130,6 +130,9 @@ Examples:
 @click.option(
     "--tp-comm-overlap", is_flag=True, help="Overlap TP collectives with GEMMs (a stated fraction)."
 )
+@click.option("--compile", "compiled", is_flag=True,
+              help="torch.compile'd training for every strategy: the device model's torch.compile family, "
+              "fitted from the system's compiled traces (without one: eager, with a note).")  # fmt: skip
 @click.option("--tp-cols", "tp_cols", help="2D tensor parallelism (seed 002): columns tp_c of the tp_r x tp_c TP "
               "grid to consider, e.g. 1,2,4 (1 = 1D TP, the default; the columns split the sequence).")  # fmt: skip
 @click.option("--tp2d-kind", type=Choice(("2d", "summa")), default="2d", show_default=True,
@@ -165,7 +168,7 @@ Examples:
 @click.option("-o", "--out", metavar="FILE", help="Write the output to this file (atomically).")
 def search(system, calibration, hardware, store, model_name, d_model, n_layers, n_heads, seq_len, vocab, gpus,
            global_batch, top, zero_stages, zero_impl, shard_groups, max_tp, no_interleave, flash_attention, objective, dtype, power_file,
-           nvlink_domain, offload_gbps, offload_gb, as_json, as_csv, out, **shape):  # fmt: skip
+           nvlink_domain, offload_gbps, offload_gb, compiled, as_json, as_csv, out, **shape):  # fmt: skip
     from calib.analytic.bubble import SCHEDULES
     from calib.analytic.context import cp_kind_code
     from calib.analytic.formulas import RECOMPUTE_NAMES
@@ -194,6 +197,10 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     counts = parse_gpu_spec(require(gpus, "--gpus"))
     machine, notes = resolve_system(system, calibration, hardware, store)
     from calib.analytic import moe as MOE
+    from calib.analytic.device_path import compiled_view
+
+    machine, compile_notes = compiled_view(machine, model, compiled)
+    notes = notes + compile_notes
     from calib.analytic.predict import attention_note, network_note, sharded_span
 
     notes = (

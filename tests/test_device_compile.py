@@ -1,0 +1,158 @@
+"""torch.compile as its own device-model family (calibrate/device_compile.py), on the real
+H200 runs (fixtures/traces/h200).
+
+Split written before any compiled prediction was run: the family is fitted on the three
+BF16 compiled runs beside the eager dense runs; each of the three is also predicted by a
+fit without it, and the two FP8 + compiled runs are held out entirely.  Bounds are the
+observed errors rounded up (observed figures in each docstring).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calib.api import SystemModel, ingest_run, load_runs
+
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "h200"
+H100 = H200.parent / "h100"
+MEASURED = json.loads((H200 / "measured_steps.json").read_text())["runs"]
+COMPILED = ("llama-compiled-d1024-l16", "llama-bf16-compiled-d2048-s4k", "llama-bf16-compiled-d4096-s2k")
+EAGER_TWIN = {"llama-compiled-d1024-l16": "llama-d1024-l16", "llama-bf16-compiled-d2048-s4k": "llama-gqa-d2048-s4k",
+              "llama-bf16-compiled-d4096-s2k": "llama-bf16-d4096-s2k"}  # fmt: skip
+FP8_COMPILED = ("llama-fp8-compiled-d2048-s4k", "llama-fp8-compiled-d4096-s2k")
+
+
+def _store(tmp, src: Path, system: str, names) -> Path:
+    for name in names:
+        ingest_run(src / "runs" / name, system=system, store=tmp)
+    for bench in (src / "gemm-bench").iterdir():
+        shutil.copytree(bench, tmp / system / "runs" / bench.name)
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """Every H200 run but the two FP8 + compiled ones (held out)."""
+    names = sorted(set(MEASURED) - set(FP8_COMPILED))
+    store = _store(tmp_path_factory.mktemp("h200c"), H200, "h200-hf", names)
+    model = SystemModel().fit(load_runs(system="h200-hf", store=store))
+    return store, model
+
+
+def _facts(store, names):
+    from calib.calibrate import device_facts
+
+    runs = load_runs(list(names), system="h200-hf", store=store, kind="trace")
+    return {r.meta.name: device_facts.facts(r) for r in runs}
+
+
+def _spec(name):
+    from calib.analytic.specs import ModelSpec
+
+    sh = MEASURED[name]["shape"]
+    return ModelSpec(name, sh["d"], sh["l"], sh["a"], sh["s"], sh["V"], ffn=sh["ffn"], kv_heads=sh["kv"],
+                     mlp="swiglu", tied_embeddings=False)  # fmt: skip
+
+
+def test_compiled_family_matches_the_traced_twins(fitted):
+    """The family's terms against what the traces show directly, run by run: compiled over
+    eager twin (same shape) attention kernel time 2.6x, 3.3x, 2.9x (fitted 2.97 against
+    the eager model) and activation-width streamed bytes 0.30, 0.30, 0.32 (fitted 0.27,
+    which also counts the unsized kernels); Inductor's fused kernels name silu, so the
+    compiled Llama is a SwiGLU model."""
+    store, model = fitted
+    dm = model.device_model_
+    fam = next(f for f in dm.families if f.compiled)
+    assert fam.key == "swiglu/bf16/compiled" and set(fam.runs) == set(COMPILED)
+    facts = _facts(store, [*COMPILED, *EAGER_TWIN.values()])
+    attn = [facts[c].class_s["attention"] / facts[EAGER_TWIN[c]].class_s["attention"] for c in COMPILED]
+    byts = [
+        facts[c].groups.loc["d", "bytes"] / facts[EAGER_TWIN[c]].groups.loc["d", "bytes"] for c in COMPILED
+    ]
+    assert fam.attn_scale.value == pytest.approx(np.mean(attn), rel=0.10), attn
+    assert fam.cast_fusion.value == pytest.approx(np.mean(byts), rel=0.15), byts
+    assert fam.stream_tbps.value <= dm.hbm_tbps  # fused kernels still stream below HBM
+    # the device-bound gap per step: step - busy of each compiled run (2.4, 3.2, 2.3 ms)
+    gaps = [facts[c].step_s - facts[c].busy_s for c in COMPILED]
+    assert fam.step_gap_s.value == pytest.approx(np.mean(gaps), rel=1e-9)
+
+
+def test_compiled_runs_in_sample_and_leave_one_out(fitted):
+    """calib fit's own table: observed in-sample -2.7, -2.3, +9.9 %; each predicted by a
+    fit without it -5.2, -2.9, +15.5 % (as eager, before this family: +3.6, +9.1, +55.4 %).
+    The eager runs' intervals keep their own errors (MIN_KIND_RUNS)."""
+    from calib.calibrate.device_check import loo_rel_errors
+
+    _, model = fitted
+    dm = model.device_model_
+    rows = {r["run"]: r for r in dm.runs}
+    for name in COMPILED:
+        meas = MEASURED[name]["step_s_unprofiled_median"]
+        assert abs(rows[name]["insample_step_s"] / meas - 1) <= 0.10, name
+        assert abs(rows[name]["loo_step_s"] / meas - 1) <= 0.16, name
+        assert rows[name]["family"] == "swiglu/bf16/compiled"
+    assert len(loo_rel_errors(dm, compiled=True)) == 3
+    assert len(loo_rel_errors(dm, compiled=False)) == len(dm.runs) - 3 - 1  # the host-bound hinge apart
+
+
+def test_fp8_compiled_runs_held_out(fitted):
+    """The two FP8 + compiled runs, never fitted: compiled family + FP8 GEMM speed-up +
+    the eager-traced casts scaled by the family's fusion ratio.  Observed -6.0 % and
+    +1.1 % (fit with them in: the same to 0.1 %); as eager FP8 +60 % and +87 % too slow."""
+    _, model = fitted
+    for name in FP8_COMPILED:
+        sh, meas = MEASURED[name]["shape"], MEASURED[name]["step_s_unprofiled_median"]
+        kw = dict(gpus=[1], micro_batch=sh["b"], flash_attention=True, fp8=True)
+        comp = model.predict(_spec(name), compiled=True, **kw)
+        eager = model.predict(_spec(name), **kw)
+        err = comp.table.iloc[0]["iter_s"] / meas - 1
+        assert abs(err) <= 0.07, (name, err)
+        assert eager.table.iloc[0]["iter_s"] / meas - 1 >= 0.5, name
+        assert any("torch.compile: the swiglu/bf16/compiled family" in n for n in comp.notes)
+
+
+def test_compile_without_compiled_traces_is_eager_with_a_note(tmp_path):
+    """The H100 runs hold no compiled run: --compile predicts the eager step and says so."""
+    names = json.loads((H100 / "measured_steps.json").read_text())["runs"]
+    store = _store(tmp_path, H100, "h100-hf", sorted(names))
+    model = SystemModel().fit(load_runs(system="h100-hf", store=store))
+    kw = dict(gpus=[1], micro_batch=2, flash_attention=True)
+    comp = model.predict(_spec("llama-gqa-d2048-s4k"), compiled=True, **kw)
+    eager = model.predict(_spec("llama-gqa-d2048-s4k"), **kw)
+    assert comp.table.iloc[0]["iter_s"] == eager.table.iloc[0]["iter_s"]
+    assert any("no torch.compile family of a swiglu model fitted" in n for n in comp.notes)
+
+
+def test_compiled_family_saved_and_loaded(fitted):
+    """The family travels in the calibration file; a family written before stop 24 (no
+    compile fields) loads as eager."""
+    from calib.calibrate.calibration import Calibration
+    from calib.calibrate.device_model import Family
+
+    _, model = fitted
+    cal = model.calibration_
+    back = Calibration.from_json(json.loads(json.dumps(cal.to_json())))
+    assert back.device_model.families == cal.device_model.families
+    old = {k: v for k, v in cal.to_json()["device_model"]["families"][0].items()
+           if k not in ("compiled", "attn_scale", "step_gap_s", "cast_fusion")}  # fmt: skip
+    fam = Family.from_json(old)
+    assert not fam.compiled and fam.attn_scale is None and fam.key == "gelu/fp32-autocast"
+
+
+def test_cli_compile_on_the_datasheet_path_says_eager():
+    from click.testing import CliRunner
+
+    from calib.cli import cli
+
+    args = ["predict", "--hardware", "dgx-h100", "--model", "llama3-8b", "--gpus", "8", "--flash-attention"]
+    plain = CliRunner().invoke(cli, [*args, "--json"])
+    res = CliRunner().invoke(cli, [*args, "--compile", "--json"])
+    assert res.exit_code == 0, res.output
+    out, ref = json.loads(res.output), json.loads(plain.output)
+    assert out["configs"][0]["iter_s"] == ref["configs"][0]["iter_s"]
+    assert any("torch.compile: not modelled without a device model" in n for n in out["notes"])
