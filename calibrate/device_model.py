@@ -261,6 +261,11 @@ class DeviceModel:
             optimizer_tbps=sc(self.optimizer_tbps, bs),
             weight_tbps=None if self.weight_tbps is None else sc(self.weight_tbps, bs),
             vocab_tbps=None if self.vocab_tbps is None else sc(self.vocab_tbps, bs),
+            # a family's own bandwidth (torch.compile's fused kernels) moves as the device's
+            families=tuple(
+                f if f.stream_tbps is None else replace(f, stream_tbps=sc(f.stream_tbps, bs))
+                for f in self.families
+            ),
         )
 
     @classmethod

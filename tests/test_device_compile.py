@@ -156,3 +156,17 @@ def test_cli_compile_on_the_datasheet_path_says_eager():
     out, ref = json.loads(res.output), json.loads(plain.output)
     assert out["configs"][0]["iter_s"] == ref["configs"][0]["iter_s"]
     assert any("torch.compile: not modelled without a device model" in n for n in out["notes"])
+
+
+def test_compiled_family_moves_to_other_hardware(fitted):
+    """DeviceModel.on: the compiled family's own streaming bandwidth scales with HBM
+    bandwidth as the device's does (H200 4.8 TB/s -> H100 3.35 TB/s); its ratios stay."""
+    _, model = fitted
+    dm = model.device_model_
+    moved = dm.on(dm.peak_tflops, 3.35)
+    fam, new = next(f for f in dm.families if f.compiled), next(f for f in moved.families if f.compiled)
+    assert new.stream_tbps.value / fam.stream_tbps.value == pytest.approx(3.35 / dm.hbm_tbps)
+    assert new.stream_tbps.value / fam.stream_tbps.value == pytest.approx(
+        moved.stream_tbps.value / dm.stream_tbps.value
+    )
+    assert new.attn_scale == fam.attn_scale and new.cast_fusion == fam.cast_fusion
