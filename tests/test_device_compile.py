@@ -170,3 +170,13 @@ def test_compiled_family_moves_to_other_hardware(fitted):
         moved.stream_tbps.value / dm.stream_tbps.value
     )
     assert new.attn_scale == fam.attn_scale and new.cast_fusion == fam.cast_fusion
+
+
+def test_fit_text_shows_the_compiled_terms(fitted):
+    from calib.commands.device_text import render
+
+    _, model = fitted
+    text = "\n".join(render(model.device_model_))
+    fam = next(f for f in model.device_model_.families if f.compiled)
+    assert "family swiglu/bf16/compiled" in text
+    assert f"torch.compile: attention x{fam.attn_scale.value:.3f}" in text

@@ -49,6 +49,13 @@ def render(dm: DeviceModel) -> list[str]:
             f"host {_v(f.host_s_per_op, 1e6, 'us/op', '.3g')}; activation memory x{_v(f.act_scale, digits='.3f')} "
             f"of the count ({', '.join(f.runs)})"
         )
+        if f.compiled:
+            gap = f"; step gap {_v(f.step_gap_s, 1e3, 'ms', '.3g')}" if f.step_gap_s is not None else ""
+            L.append(
+                f"    torch.compile: attention x{_v(f.attn_scale, digits='.3f')} the eager model's; streamed bytes "
+                f"x{_v(f.cast_fusion, digits='.3f')} the eager family's (FP8 casts too){gap}; "
+                f"{_v(f.stream_tbps, digits='.3g')} TB/s, {_v(f.kernel_fixed_s, 1e6, 'us', '.3g')} per kernel"
+            )
     if dm.runs:
         L.append(
             "  traced runs (unprofiled step, ms): measured / in-sample / leave-one-run-out [90% interval]"
