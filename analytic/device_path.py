@@ -167,5 +167,10 @@ def compiled_view(system, model, compiled: bool):
     if note is not None:
         return system, [f"torch.compile: {note}"]
     view = replace(system, cal=replace(system.cal, device_model=replace(dm, compiled=True)))
-    return view, [f"torch.compile: the {fam.key} family fitted on {', '.join(fam.runs)} (attention x"
-                  f"{fam.attn_scale.value:.2f} and streamed bytes x{fam.cast_fusion.value:.2f} of the eager model's)"]  # fmt: skip
+    attn = f"attention x{fam.attn_scale.value:.2f} and " if fam.attn_scale is not None else ""
+    fused = (
+        f"streamed bytes x{fam.cast_fusion.value:.2f}"
+        if fam.cast_fusion is not None
+        else "its streamed bytes"
+    )
+    return view, [f"torch.compile: the {fam.key} family fitted on {', '.join(fam.runs)} ({attn}{fused} of the eager model's)"]  # fmt: skip

@@ -165,7 +165,8 @@ def optimizer_s(dm: DeviceModel, fam: Family, params_opt) -> np.ndarray:
 def host_s(dm: DeviceModel, fam: Family, layers, microbatches) -> np.ndarray:
     """Unprofiled host issue time of one step: operators times seconds per operator."""
     ops = fam.host_ops_layer.value * _f(layers) * _f(microbatches) + fam.host_ops_step.value
-    return ops * (fam.host_s_per_op or dm.host_s_per_op).value
+    # a per-step intercept fitted from few layer counts can come out negative: never fewer than none
+    return np.maximum(ops, 0.0) * (fam.host_s_per_op or dm.host_s_per_op).value
 
 
 def step_s(gpu_s: ArrayLike, host: ArrayLike, dm: DeviceModel, fam: Family | None = None) -> np.ndarray:
