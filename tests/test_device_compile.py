@@ -10,13 +10,13 @@ observed errors rounded up (observed figures in each docstring).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from calib.api import SystemModel, ingest_run, load_runs
+from calib.api import SystemModel, load_runs
+from tests.test_h200_device import _store  # ingest runs + the GEMM bench into a store
 
 H200 = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "h200"
 H100 = H200.parent / "h100"
@@ -25,14 +25,6 @@ COMPILED = ("llama-compiled-d1024-l16", "llama-bf16-compiled-d2048-s4k", "llama-
 EAGER_TWIN = {"llama-compiled-d1024-l16": "llama-d1024-l16", "llama-bf16-compiled-d2048-s4k": "llama-gqa-d2048-s4k",
               "llama-bf16-compiled-d4096-s2k": "llama-bf16-d4096-s2k"}  # fmt: skip
 FP8_COMPILED = ("llama-fp8-compiled-d2048-s4k", "llama-fp8-compiled-d4096-s2k")
-
-
-def _store(tmp, src: Path, system: str, names) -> Path:
-    for name in names:
-        ingest_run(src / "runs" / name, system=system, store=tmp)
-    for bench in (src / "gemm-bench").iterdir():
-        shutil.copytree(bench, tmp / system / "runs" / bench.name)
-    return tmp
 
 
 @pytest.fixture(scope="module")
