@@ -29,11 +29,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-import numpy as np
 from calib.calibrate import device_step as D
 from calib.calibrate.device_facts import RunFacts
 from calib.calibrate.device_model import STATIC_BYTES_PER_PARAM, DeviceModel, Family, act_count
-from calib.calibrate.params import FITTED, UNIDENTIFIABLE, Param
+from calib.calibrate.params import FITTED, Param
 
 #: the variant tag (device_facts.variant) of a dense torch.compile run
 COMPILED = "compiled"
@@ -44,10 +43,11 @@ def compiled_runs(runs: Sequence[RunFacts]) -> list[RunFacts]:
 
 
 def _mean(xs: Sequence[float], unit: str, note: str) -> Param:
-    x = np.asarray([v for v in xs if np.isfinite(v)], dtype=float)
-    if len(x) > 1:
-        return Param(float(x.mean()), float(x.std(ddof=1) / np.sqrt(len(x))), unit, FITTED, note)
-    return Param(float(x.mean()), None, unit, UNIDENTIFIABLE, f"{note}; one run: its spread unknown")
+    """device_fit's mean and standard error over runs, with what was averaged in the note."""
+    from calib.calibrate.device_fit import _mean_param
+
+    p = _mean_param(list(xs), unit)
+    return replace(p, note=f"{note}; {p.note}" if p.note else note)
 
 
 def _attention_s(dm: DeviceModel, f: RunFacts) -> float:

@@ -204,21 +204,15 @@ class DeviceModel:
         a stand-in with a note: the nearest family's memory-bound work and host ops, the
         requested MLP and precision, and the hand-counted activation memory (scale 1)."""
         want = self.compiled if compiled is None else compiled
+        pool = [f for f in self.families if f.compiled == want]
+        fits = [f for f in pool if f.mlp == mlp and (weights is None or f.weights == weights)]
+        if fits:
+            return fits[0], None
         if want:
-            fits = [
-                f
-                for f in self.families
-                if f.compiled and f.mlp == mlp and (weights is None or f.weights == weights)
-            ]
-            if fits:
-                return fits[0], None
             fam, note = self.family(mlp, weights, compiled=False)
             why = f"no torch.compile family of a {mlp} model fitted: predicted with the {fam.key} family"
             return fam, why if note is None else f"{why}; {note}"
-        eager = tuple(f for f in self.families if not f.compiled)
-        fits = [f for f in eager if f.mlp == mlp and (weights is None or f.weights == weights)]
-        if fits:
-            return fits[0], None
+        eager = pool
         if not eager:
             raise ValueError("device model has no measured eager families")
         near = [f for f in eager if f.mlp == mlp] or [f for f in eager if f.weights == weights]
