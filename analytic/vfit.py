@@ -99,7 +99,8 @@ def _apply(
     note: str = "",
 ) -> dict[str, System]:
     vals = dict(zip(names, theta))
-    errs = dict(zip(names, se)) if se is not None else {}
+    # a standard error that cannot be estimated (no residual dof) is stored as None, not 0
+    errs = {n: (float(e) if np.isfinite(e) else None) for n, e in zip(names, se)} if se is not None else {}
     out = {}
     for h, s in systems.items():
         curve = s.cal.gemm_efficiency_curve
@@ -109,7 +110,7 @@ def _apply(
             if "gemm_x_half_flop" in vals
             else (curve.x_half.value if curve else 2e9)
         )
-        xh_se = xh * np.log(10.0) * errs["gemm_x_half_flop"] if "gemm_x_half_flop" in errs else None
+        xh_se = xh * np.log(10.0) * errs["gemm_x_half_flop"] if errs.get("gemm_x_half_flop") is not None else None
         if "gemm_y_max" in vals:
             s = with_gemm(s, float(y), float(xh), (errs.get("gemm_y_max"), xh_se), note)
             s = replace(s, cal=replace(s.cal, k2_curve=K2_FOLDED))
@@ -177,8 +178,15 @@ def fit(
               "bound_hits": bound_hits(names, res.x, lo, hi)}  # fmt: skip
     if not_identified:
         params["not_identified"] = not_identified
+    if n_rows - len(names) < 1:
+        params["notes"] = [
+            f"{n_rows} row(s) for {len(names)} parameter(s): an exact fit, no residual degree of freedom, "
+            "so no standard error can be estimated (and no interval given)"
+        ]
     for n, v, e in zip(names, res.x, se):
-        if n == "gemm_x_half_flop":
+        if not np.isfinite(e):
+            params[n], params[n + "_stderr"] = float(10.0**v if n == "gemm_x_half_flop" else v), None
+        elif n == "gemm_x_half_flop":
             params[n], params[n + "_stderr"] = float(10.0**v), float(10.0**v * np.log(10.0) * e)
         else:
             params[n], params[n + "_stderr"] = float(v), float(e)
@@ -219,7 +227,9 @@ def _least_squares(sub, systems: dict[str, System], names: Sequence[str], n_rows
     x0 = np.array([min(_START[n], 0.95 * bounds[n][1]) for n in names])
     lo, hi = (np.array([bounds[n][i] for n in names]) for i in (0, 1))
     res = least_squares(resid, x0, bounds=(lo, hi), x_scale=np.array([_SCALE[n] for n in names]))
-    s2 = float(res.fun @ res.fun) / max(n_rows - len(names), 1)
+    if n_rows - len(names) < 1:  # an exact fit: no residual to estimate an error from
+        return list(names), res, np.full(len(names), np.nan), lo, hi
+    s2 = float(res.fun @ res.fun) / (n_rows - len(names))
     try:
         se = np.sqrt(np.clip(np.diag(np.linalg.inv(res.jac.T @ res.jac) * s2), 0.0, None))
     except np.linalg.LinAlgError:

@@ -76,6 +76,13 @@ def test_no_interval_without_residual_degrees_of_freedom():
     df, _ = read_table(path)
     v = validate(df, str(path), calibrate_on="every-third")
     assert "n_inside_interval" not in v.summary and "inside" not in v.rows
+    # an exact fit has no residual to estimate an error from: no standard error (it was
+    # reported as +- 1e-08 before stop 25, a false certainty), and a note that says why
+    assert v.params["n_calibration_rows"] == 1 and v.params["gemm_y_max_stderr"] is None
+    assert any("no residual degree of freedom" in n for n in v.params["notes"])
+    out = run("validate", str(path), "--calibrate-on", "every-third").output
+    fit_line = next(ln for ln in out.splitlines() if ln.startswith("fit ("))
+    assert "gemm_y_max" in fit_line and "+-" not in fit_line
 
 
 def test_leave_one_out_intervals_cover_the_rows():
