@@ -110,7 +110,9 @@ def _apply(
             if "gemm_x_half_flop" in vals
             else (curve.x_half.value if curve else 2e9)
         )
-        xh_se = xh * np.log(10.0) * errs["gemm_x_half_flop"] if errs.get("gemm_x_half_flop") is not None else None
+        xh_se = (
+            xh * np.log(10.0) * errs["gemm_x_half_flop"] if errs.get("gemm_x_half_flop") is not None else None
+        )
         if "gemm_y_max" in vals:
             s = with_gemm(s, float(y), float(xh), (errs.get("gemm_y_max"), xh_se), note)
             s = replace(s, cal=replace(s.cal, k2_curve=K2_FOLDED))
