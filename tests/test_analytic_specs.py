@@ -64,6 +64,17 @@ def test_hardware_names_as_tables_write_them():
         assert hw.name == preset and hw.hbm_gb == (40 if "40" in name else 80)
     with pytest.raises(InputError):
         load_hardware("A100")  # 40 GB or 80 GB: ambiguous, no alias
+    # stop 25: the H200 and V100 with their memory, as tables print them
+    for name, preset, gb in (
+        ("H200 SXM 141GB", "h200", 141),
+        ("h200_141gb", "h200", 141),
+        ("V100 32GB", "dgx-2", 32),
+    ):
+        hw = load_hardware(name)
+        assert hw.name == preset and hw.hbm_gb == gb
+    for other in ("H100 PCIe", "GH200", "A800"):  # other devices stay unknown, not a near match
+        with pytest.raises(InputError):
+            load_hardware(other)
 
 
 @pytest.mark.parametrize(
