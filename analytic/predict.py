@@ -137,6 +137,7 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     notes += attention_note(model, plan.flash_attention) + network_note(
         system, plan.zero, sharded_span(plan.tp, plan.cp, np.array(dps), plan.shard)
     )
+    notes += host_note(gpus, r, system)
     if plan.fused_layers and system.device_model is not None:
         notes.append(
             "fused layers: not applied -- the device model's layer terms are fitted on the traced kernels"
@@ -185,6 +186,25 @@ def scaling(df: pd.DataFrame) -> dict[str, np.ndarray]:
         "eff_comm": eff,
         "speedup_comm_model": seed,
     }
+
+
+def host_note(gpus: list[int], r: dict, system: System) -> list[str]:
+    """Where the host's kernel issue, not the device, sets the step (device model only): a
+    faster GPU does not shorten it, and the per-operator host cost is the traced machine's --
+    on another host CPU (a transfer to other hardware keeps it) the step moves with that CPU,
+    which nothing here measures."""
+    host = np.broadcast_to(np.asarray(r.get("host_issue_s", 0.0), dtype=float), (len(gpus),))
+    it = np.broadcast_to(np.asarray(r["iter_s"], dtype=float), (len(gpus),))
+    bound = (host > 0) & (host >= it * (1.0 - 1e-9))
+    if not bound.any():
+        return []
+    where = ", ".join(f"{g} GPUs ({h * 1e3:.4g} ms)" for g, h in zip(np.asarray(gpus)[bound], host[bound]))
+    moved = "transferred_from" in (system.cal.provenance or {})
+    return [
+        f"host-bound: the step is the host's kernel-issue time at {where}, not the device's work; a faster "
+        "GPU does not shorten it, and the per-operator host cost is the traced machine's"
+        + ("; it is kept on the target hardware, whose host CPU is not measured" if moved else "")
+    ]
 
 
 def attention_note(model, flash_attention: bool) -> list[str]:

@@ -445,4 +445,5 @@ def evaluate(
         "hw_tflops_per_gpu": hw_fl / (iter_s * gpus) / 1e12,
         "mfu": model_fl / (iter_s * gpus) / peak,
         "gemm_efficiency": eff,
+        "host_issue_s": host,  # kernel issue (device model; else 0): host-bound where it is iter_s
     }

@@ -271,3 +271,28 @@ def test_validating_a_table_under_a_device_model_fits_nothing(fitted, tmp_path):
     out = run("validate", str(table), *args).output
     assert "note: no fit: the device model of h100-hf times every kernel" in out
     assert "fit (compute)" not in out and "held-out rows 52:" in out
+
+
+def test_a_host_bound_step_says_so(fitted):
+    """The traced H100 host issues llama-d1024-l16's many small kernels more slowly than the
+    device runs them (the fitted host cost per operator times its operators exceeds the
+    device's work), so the step is the host's time and a faster GPU would not shorten it:
+    predict says so, with the host time equal to the step.  Moved to the H200 preset the host
+    cost is kept (DeviceModel.on) and the note says the target's host is not measured -- the
+    H200 machine's own run of that shape took 66.1 ms against the 81.5 ms the H100 host sets
+    (fixtures/traces/h200/measured_steps.json: that host is faster).  g2p7b-b4 is
+    device-bound: no note."""
+    model, _ = fitted
+    sh = MEASURED["llama-d1024-l16"]["shape"]
+    llama = ModelSpec("llama", sh["d"], sh["l"], sh["a"], sh["s"], sh["V"], ffn=sh["ffn"], kv_heads=sh["kv"],
+                      mlp="swiglu", tied_embeddings=False)  # fmt: skip
+    pred = model.predict(llama, gpus=[1], micro_batch=sh["b"], flash_attention=True)
+    note = [n for n in pred.notes if n.startswith("host-bound")]
+    assert len(note) == 1 and "target hardware" not in note[0]
+    ms = float(note[0].split("1 GPUs (")[1].split(" ms")[0])
+    assert ms == pytest.approx(pred.table["iter_s"].iloc[0] * 1e3, rel=1e-3)
+    moved = model.predict(llama, gpus=[1], hardware="h200", micro_batch=sh["b"], flash_attention=True)
+    assert any(n.startswith("host-bound") and "target hardware" in n for n in moved.notes)
+    sh = MEASURED["g2p7b-b4"]["shape"]
+    gpt = ModelSpec("g2p7b", sh["d"], sh["l"], sh["a"], sh["s"], sh["V"])
+    assert not any("host-bound" in n for n in model.predict(gpt, gpus=[1], micro_batch=sh["b"]).notes)
