@@ -105,6 +105,59 @@ def layer_terms(
     return {"transformer": gemm + attn, "stream": stream}
 
 
+def moe_routed_s(dm: DeviceModel, fam: Family, routed, d, f_e, mats, passes_fwd, scale=1.0) -> np.ndarray:
+    """Seconds of one MoE layer's routed experts per micro-batch: the expert GEMMs on the
+    fitted roofline (a grouped GEMM over the ``routed`` rows as one GEMM of them, times the
+    traced grouped kernels' measured slowdown where an MoE run was traced),
+    and the routing work at the family's bandwidth -- the traced implementation's
+    (``dm.moe``, calibrate.device_moe) or, untraced, the hand count (analytic.moe: eight
+    2-byte passes over the routed rows of width d) plus the dense family's ffn bytes on the
+    routed rows, a stated default."""
+    from calib.analytic.moe import DISPATCH_PASSES
+
+    R, d, f_e = (np.asarray(x, dtype=float) for x in (routed, d, f_e))
+    lin = [(d, f_e)] * (int(mats) - 1) + [(f_e, d)]  # gate (and up), down
+    g = dm.gemm
+    gemm = sum(
+        passes_fwd * g.time_s(R, o, i, scale=scale) + g.time_s(R, i, o, scale=scale) + g.time_s(o, i, R, scale=scale)
+        for i, o in lin
+    )  # fmt: skip
+    mt = dm.moe
+    if mt is not None and mt.grouped_gemm_scale is not None:  # the traced grouped kernels' speed
+        gemm = gemm * mt.grouped_gemm_scale.value
+    per_row = (
+        mt.bytes_d.value * d + mt.bytes_ffn.value * f_e
+        if mt is not None
+        else DISPATCH_PASSES * F.BYTES_PER_VALUE * d + fam.bytes_ffn.value * f_e
+    )
+    kernels = mt.kernels_layer.value if mt is not None else 0.0
+    stream = (
+        (np.asarray(passes_fwd, dtype=float) + 2.0)
+        / 3.0
+        * (R * per_row / (D._bw(dm, fam) * 1e12) + kernels * D._t0(dm, fam))
+    )
+    return gemm + stream
+
+
+def moe_device_s(system, model, st, routed, d, f_e, mats, passes_fwd, cast_bytes) -> np.ndarray:
+    """:func:`moe_routed_s` for ``model`` on ``system``'s device model, FP8 GEMMs at the
+    traced (or datasheet) speed-up, and the experts' FP8 casts at the family's bandwidth."""
+    dm = system.device_model
+    fam, _ = dm.family(str(model.shape_extras["mlp"]))
+    r8 = np.where(st.fp8, fp8_speedup(dm, system.hw), 1.0)
+    return moe_routed_s(dm, fam, routed, d, f_e, mats, passes_fwd, r8) + cast_bytes / (D._bw(dm, fam) * 1e12)
+
+
+def host_s(dm: DeviceModel, fam: Family, layers, microbatches, moe_share=0.0) -> np.ndarray:
+    """The step's host issue time (device_step.host_s) plus the traced MoE implementation's
+    operators on the MoE share of the layers (device_moe)."""
+    host = D.host_s(dm, fam, layers, microbatches)
+    if dm.moe is None or not moe_share:
+        return host
+    ops = dm.moe.host_ops_layer.value * moe_share * np.asarray(layers, dtype=float) * microbatches
+    return host + np.maximum(ops, 0.0) * (fam.host_s_per_op or dm.host_s_per_op).value
+
+
 def head_terms(dm: DeviceModel, fam: Family, sh: Shape, b, t) -> dict[str, np.ndarray]:
     T = np.asarray(b, dtype=float) * sh.s
     return {

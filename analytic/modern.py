@@ -232,9 +232,9 @@ def cp_attention_extra_flops(b, s_loc, d, t, cp, rc) -> np.ndarray:
 
 
 def moe_layer_s(model, system, st, b, s_loc, d, t, mats, rc, eff_fn, peak) -> np.ndarray:
-    """Seconds of one MoE layer's experts on one GPU per micro-batch (kernel time, before the
-    k1 / k2 factors): grouped routed GEMMs at their own efficiency, shared experts and
-    router, token permutation traffic, FP8 casts."""
+    """Seconds of one MoE layer's experts on one GPU per micro-batch (kernel time, before k1 k2):
+    grouped routed GEMMs at their own efficiency (a device model: device_path.moe_device_s),
+    shared experts and router, token permutation traffic, FP8 casts."""
     mo = MOE.terms(model)
     T = b * s_loc / t
     passes = 3.0 + (np.asarray(rc) == F.FULL)
@@ -248,11 +248,13 @@ def moe_layer_s(model, system, st, b, s_loc, d, t, mats, rc, eff_fn, peak) -> np
     shared = fl["shared"] / (lin_peak * eff_fn(np.maximum(x_sh, 1.0)))
     routed_tok = load * mo["cap"] * T * mo["k"]
     nbytes = MOE.DISPATCH_PASSES * routed_tok * d * F.BYTES_PER_VALUE
-    casts = routed_tok * (
-        PR.CAST_IN_BYTES * (d + mo["f_e"]) + PR.CAST_GRAD_BYTES * ((mats - 1.0) * mo["f_e"] + d)
-    )
-    nbytes = nbytes + np.where(st.fp8, casts, 0.0)
-    return routed + shared + nbytes / (system.hw.hbm_tbps * 1e12)
+    cast = PR.CAST_IN_BYTES * (d + mo["f_e"]) + PR.CAST_GRAD_BYTES * ((mats - 1.0) * mo["f_e"] + d)
+    casts = np.where(st.fp8, routed_tok * cast, 0.0)
+    if system.device_model is not None:
+        from calib.analytic.device_path import moe_device_s
+
+        return shared + moe_device_s(system, model, st, routed_tok, d, mo["f_e"], mats, passes - 2.0, casts)
+    return routed + shared + (nbytes + casts) / (system.hw.hbm_tbps * 1e12)
 
 
 def gemm_and_casts(st, hw, f_train, attn_fwd, rc, peak, eff, T, d, ffn, kv_frac, mats, t, attn_extra=0.0, attn_ratio=1.0, attn_io=None):  # fmt: skip

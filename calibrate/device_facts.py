@@ -49,11 +49,14 @@ class RunFacts:
     groups: pd.DataFrame  # index GROUPS: bytes, kernels, seconds of memory-bound kernels
     host_ops: float
     host_issue_s: float
-    gemms: pd.DataFrame  # m, n, k, batch, fp8 (Float8 operands), dur_s (median per shape), count
+    gemms: pd.DataFrame  # m, n, k, batch, fp8 (Float8 operands), grouped, dur_s (median per shape), count
     flagged: frozenset[str] = field(default_factory=frozenset)
     #: what the trace shows beyond an eager dense BF16/FP32 run: "fp8", "moe", "compiled"
     #: joined by "+" ("" when none); the device model describes eager dense runs only
     variant: str = ""
+    #: routed experts per token of an MoE run (the sidecar's ``topk``, else the grouped expert
+    #: GEMMs' rows over the tokens); 0 for a dense run
+    top_k: int = 0
 
     @property
     def T(self) -> int:
@@ -109,11 +112,12 @@ def facts(run: Run) -> RunFacts | None:
     g = run.table("gemms")
     g = g[(g["device"] == "gpu") & (g["dur_s"] > 0)]
     per_it = max(g["iteration"].nunique(), 1)
-    g = g.assign(fp8=fp8_operands(g["dtype"]))
+    g = g.assign(fp8=fp8_operands(g["dtype"]), grouped=g["op"].isin(GROUPED_OPS))
+    keys = ["m", "n", "k", "batch", "fp8", "grouped"]
     shapes = (
-        g.groupby(["m", "n", "k", "batch", "fp8"])["dur_s"].agg(dur_s="median", count="size").reset_index()
+        g.groupby(keys)["dur_s"].agg(dur_s="median", count="size").reset_index()
         if len(g)
-        else pd.DataFrame(columns=["m", "n", "k", "batch", "fp8", "dur_s", "count"])
+        else pd.DataFrame(columns=[*keys, "dur_s", "count"])
     )
     shapes["count"] = shapes["count"] / per_it
     return RunFacts(
@@ -125,7 +129,17 @@ def facts(run: Run) -> RunFacts | None:
         host_ops=float(host["n_host_ops"].iloc[0]) if len(host) else float("nan"),
         host_issue_s=float(host["host_issue_s"].iloc[0]) if len(host) else float("nan"),
         gemms=shapes, flagged=frozenset(flagged_classes(run.meta.notes)), variant=variant(names, g),
+        top_k=_int(m, "topk") or _top_k(g, b * s),
     )  # fmt: skip
+
+
+def _top_k(g: pd.DataFrame, tokens: int) -> int:
+    """Routed experts per token from the grouped expert GEMMs: their longest row count (the
+    routed tokens of a forward or data-gradient GEMM) over the tokens; 0 without them."""
+    grouped = g[g["op"].isin(GROUPED_OPS)] if len(g) else g
+    if not len(grouped) or tokens <= 0:
+        return 0
+    return int(round(float(grouped["m"].max()) / tokens))
 
 
 def variant(op_names: set[str], gemms: pd.DataFrame) -> str:

@@ -33,6 +33,7 @@ from calib.calibrate.device_model import (
     GemmModel,
     act_count,
 )
+from calib.calibrate.device_moe import fit_moe
 from calib.calibrate.params import DEFAULT, FITTED, FIXED, UNIDENTIFIABLE, FitQuality, Param, lstsq_stderr
 from scipy.optimize import least_squares, nnls
 
@@ -401,4 +402,7 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
         names = ", ".join(n for fam in compiled for n in fam.runs)
         notes = [*dm.notes, f"torch.compile family fitted on {names} (against the eager model)"]
         dm = replace(dm, families=dm.families + compiled, notes=tuple(notes))
+    moe = fit_moe(traced, dm)  # against the eager dense model (device_moe)
+    if moe is not None:
+        dm = replace(dm, moe=moe, notes=(*dm.notes, f"MoE routing terms measured on {', '.join(moe.runs)}"))
     return dm

@@ -156,6 +156,31 @@ class Family:
 
 
 @dataclass(frozen=True)
+class MoeTerms:
+    """What a traced mixture-of-experts implementation's layer streams and issues beyond the
+    dense family's layer, per routed token (a token times its top-k experts), measured from
+    MoE traces (:mod:`device_moe`): bytes per routed token per unit of d (permutation,
+    gathers, scatter-adds, routing-weight products) and per unit of the expert width (the
+    experts' element-wise work and masks), memory-bound kernels and host operators per MoE
+    layer, and how much slower its grouped expert GEMMs run than the dense roofline."""
+
+    bytes_d: Param
+    bytes_ffn: Param
+    kernels_layer: Param
+    host_ops_layer: Param
+    runs: tuple[str, ...] = ()
+    #: traced grouped expert GEMMs' time over the roofline of the same shapes (None: 1)
+    grouped_gemm_scale: Param | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> MoeTerms:
+        reject_unknown(d, cls, "device_model.moe")
+        out = {k: (Param.from_json(v) if isinstance(v, dict) else v) for k, v in d.items()}
+        out["runs"] = tuple(d.get("runs", ()))
+        return cls(**out)
+
+
+@dataclass(frozen=True)
 class DeviceModel:
     """One device's fitted compute model (see the module docstring)."""
 
@@ -195,6 +220,8 @@ class DeviceModel:
     #: predict torch.compile'd training (a view set per prediction, never fitted): the
     #: compiled families where traced, else the eager ones with a note
     compiled: bool = False
+    #: the traced MoE implementation's routing work (device_moe); None: hand counts
+    moe: MoeTerms | None = None
 
     def family(
         self, mlp: str, weights: str | None = None, compiled: bool | None = None
@@ -273,6 +300,7 @@ class DeviceModel:
                 out[k] = Param.from_json(v)
         out["gemm"] = GemmModel.from_json(d["gemm"])
         out["families"] = tuple(Family.from_json(f) for f in d.get("families", ()))
+        out["moe"] = MoeTerms.from_json(d["moe"]) if d.get("moe") else None
         out["runs"] = tuple(d.get("runs", ()))
         out["notes"] = tuple(d.get("notes", ()))
         return cls(**out)

@@ -286,7 +286,9 @@ def apply_run_config(paths: Sequence[str | Path], options: IngestOptions) -> tup
     shape = {
         k: v
         for k, v in {**model, **full}.items()
-        if k in ("d", "l", "a", "s", "V", "b", "kv", "ffn") and isinstance(v, int) and not isinstance(v, bool)
+        if k in ("d", "l", "a", "s", "V", "b", "kv", "ffn", "E", "topk")  # E, topk: routed experts, per token
+        and isinstance(v, int)
+        and not isinstance(v, bool)
     }
     for key in ("precision", "family", "library"):
         if isinstance(cfg.get(key), str) and shape:

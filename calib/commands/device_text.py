@@ -43,6 +43,14 @@ def render(dm: DeviceModel) -> list[str]:
         L.append(
             f"  FP8 GEMMs       x{_v(dm.fp8_gemm_speedup, digits='.3f')} the BF16 roofline ({dm.fp8_gemm_speedup.note})"
         )
+    if dm.moe is not None:
+        mt = dm.moe
+        L.append(
+            f"  MoE routing     per routed token (token x top-k): {_v(mt.bytes_d, digits='.4g')} B x d + "
+            f"{_v(mt.bytes_ffn, digits='.4g')} B x expert ffn; per MoE layer {_v(mt.kernels_layer, digits='.4g')} "
+            f"kernels, {_v(mt.host_ops_layer, digits='.4g')} host ops, beyond the dense family; grouped expert "
+            f"GEMMs x{_v(mt.grouped_gemm_scale, digits='.3f')} the roofline ({', '.join(mt.runs)})"
+        )
     for f in dm.families:
         L.append(
             f"  family {f.key:<20} streamed B per token-layer: {f.bytes_d.value:.4g} x d + {f.bytes_ffn.value:.4g} x ffn; "

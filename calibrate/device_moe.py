@@ -1,0 +1,91 @@
+"""Mixture-of-experts layers as the traced implementation runs them.
+
+An MoE layer keeps the dense layer's attention side and replaces its MLP by routing: the
+router GEMM and top-k, a permutation of the k T routed rows into expert order, the grouped
+expert GEMMs, the experts' element-wise work on k T rows of the expert width f_e, the
+routing-weight product and the un-permutation (a scatter-add) back to token order.  The
+grouped GEMMs are timed by the GEMM roofline like any matmul (analytic.device_path); the
+memory-bound work around them depends on the implementation (HF transformers' grouped
+experts mask and copy whole k T x 2 f_e buffers; Megatron-Core fuses its permutation) and
+is measured here, from an MoE run's memory-bound kernels grouped by width
+(``device_facts.groups``), as what the run streams and issues beyond the dense family of
+its MLP kind and precision:
+
+* ``bytes_d``: bytes per routed token per unit of d beyond the dense family's per-token
+  d-wide work (kernels without a width converted at the family's bandwidth, as
+  ``device_fit.fit_families`` does);
+* ``bytes_ffn``: bytes per routed token per unit of f_e (where the dense family streams
+  its ``bytes_ffn`` per token per unit of ffn);
+* ``kernels_layer``, ``host_ops_layer``: memory-bound kernels and host operators per MoE
+  layer beyond the dense family's;
+* ``grouped_gemm_scale``: the traced grouped expert GEMMs' time over the dense roofline's
+  for the same shapes (per-expert tiles and tails: a grouped GEMM is not one GEMM of its
+  rows).
+
+Each is the mean over the MoE runs (one run: no spread, said in its note).  A system
+without MoE runs keeps the hand count (analytic.moe: eight passes of 2 bytes over the
+routed rows, and the dense family's ffn bytes for the experts' element-wise work), a
+stated default.  Only runs tagged ``moe`` alone are used (an FP8 or compiled MoE run
+mixes two changes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from calib.calibrate import device_step as D
+from calib.calibrate.device_facts import RunFacts
+from calib.calibrate.device_model import DeviceModel, MoeTerms
+from calib.calibrate.params import Param
+
+#: the variant tag (device_facts.variant) of an eager MoE run
+MOE = "moe"
+
+
+def moe_runs(runs: Sequence[RunFacts]) -> list[RunFacts]:
+    return [f for f in runs if f.variant == MOE and f.top_k > 0 and f.busy_s > 0]
+
+
+def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
+    """One MoE run's streamed bytes, kernels and host operators beyond its dense family,
+    per routed token and unit of width, or per MoE layer (every layer of the run routes)."""
+    fam, _ = dm.family(f.mlp, f.weights, compiled=False)
+    gr = f.groups
+    bw, t0 = D._bw(dm, fam), D._t0(dm, fam)
+    unsized = max(gr.loc["unsized", "seconds"] - gr.loc["unsized", "kernels"] * t0, 0.0) * bw * 1e12
+    routed = float(f.T * f.top_k)
+    dense_d = fam.bytes_d.value * f.d * f.T * f.L
+    kernels = float(gr["kernels"].sum()) - fam.kernels_layer.value * f.L - fam.kernels_step.value
+    host = f.host_ops - fam.host_ops_layer.value * f.L - fam.host_ops_step.value
+    g = f.gemms[f.gemms["grouped"].astype(bool)]
+    roof = float((dm.gemm.time_s(g["m"], g["n"], g["k"], g["batch"]) * g["count"]).sum())
+    return {
+        "grouped_gemm_scale": float((g["dur_s"] * g["count"]).sum()) / roof if roof > 0 else float("nan"),
+        "bytes_d": (gr.loc["d", "bytes"] + unsized - dense_d) / (routed * f.d * f.L),
+        "bytes_ffn": gr.loc["ffn", "bytes"] / (routed * f.ffn * f.L),
+        "kernels_layer": kernels / f.L,
+        "host_ops_layer": host / f.L,
+    }
+
+
+def fit_moe(runs: Sequence[RunFacts], dm: DeviceModel) -> MoeTerms | None:
+    """The MoE terms (module docstring) from the ``moe`` runs among ``runs``, measured against
+    ``dm`` (the eager dense model); None when there are none."""
+    from calib.calibrate.device_fit import _mean_param
+
+    mr = moe_runs(runs)
+    if not mr:
+        return None
+    xs = [excess(f, dm) for f in mr]
+    names = ", ".join(f.name for f in mr)
+    units = {"bytes_d": "B", "bytes_ffn": "B", "kernels_layer": "kernels", "host_ops_layer": "ops",
+             "grouped_gemm_scale": ""}  # fmt: skip
+
+    def mean(key: str) -> Param:
+        p = _mean_param([x[key] for x in xs], units[key])
+        what = "traced time over the roofline's" if key == "grouped_gemm_scale" else "beyond the dense family"
+        what = f"{what}, measured on {names}"
+        return replace(p, note=f"{what}; {p.note}" if p.note else what)
+
+    return MoeTerms(**{k: mean(k) for k in units}, runs=tuple(f.name for f in mr))
