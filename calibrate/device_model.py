@@ -149,10 +149,7 @@ class Family:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Family:
-        reject_unknown(d, cls, "device_model.families")
-        out = {k: (Param.from_json(v) if isinstance(v, dict) else v) for k, v in d.items()}
-        out["runs"] = tuple(d.get("runs", ()))
-        return cls(**out)
+        return _terms_from_json(cls, d, "device_model.families")
 
 
 @dataclass(frozen=True)
@@ -174,10 +171,15 @@ class MoeTerms:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> MoeTerms:
-        reject_unknown(d, cls, "device_model.moe")
-        out = {k: (Param.from_json(v) if isinstance(v, dict) else v) for k, v in d.items()}
-        out["runs"] = tuple(d.get("runs", ()))
-        return cls(**out)
+        return _terms_from_json(cls, d, "device_model.moe")
+
+
+def _terms_from_json(cls, d: Mapping[str, Any], where: str):
+    """A dataclass of fitted terms (Params) and the runs they were measured on, from JSON."""
+    reject_unknown(d, cls, where)
+    out = {k: (Param.from_json(v) if isinstance(v, dict) else v) for k, v in d.items()}
+    out["runs"] = tuple(d.get("runs", ()))
+    return cls(**out)
 
 
 @dataclass(frozen=True)
