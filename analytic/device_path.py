@@ -203,6 +203,74 @@ def memory(
     return mem
 
 
+def moe_act_bytes_layer(model, fam: Family, T, d, ep) -> np.ndarray:
+    """Bytes one MoE layer keeps for backward beyond the dense family's attention side, in
+    the traced family's own count (device_model.ACT_COUNT, times its measured scale): each
+    routed copy keeps its permuted input and its expert output (2 d values) and the expert
+    MLP's kept intermediates at the family's bytes per unit of width (HF's eager SwiGLU:
+    gate, silu(gate), up and their product, 8 bytes per unit of f_e, where analytic.moe
+    counts Megatron's fused three); shared experts their input and intermediates.  On the
+    H200 Mixtral run: 4 d + 8 f_e = 18,432 bytes per routed token-layer, against 18,315
+    measured (peak memory less the dense part, tests/test_device_moe.py)."""
+    from calib.analytic import moe as MOE
+    from calib.calibrate.device_model import act_count
+
+    mo = MOE.terms(model)
+    c_ffn = float(act_count(fam.key, 0.0, 0.0, 1.0))  # bytes per token per unit of MLP width
+    d = np.asarray(d, dtype=float)
+    T = np.asarray(T, dtype=float)
+    routed = (
+        mo["cap"]
+        * T
+        * mo["k"]
+        * MOE.routed_act_factor(model, ep)
+        * (2.0 * F.BYTES_PER_VALUE * d + c_ffn * mo["f_e"])
+    )
+    shared = T * mo["n_sh"] * (F.BYTES_PER_VALUE * d + c_ffn * mo["f_e"])
+    return fam.act_scale.value * (routed + shared)
+
+
+def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc, fam):
+    """A fitted device model's memory of the dense part (``mem``, :func:`memory`), plus what
+    the new axes add: the routed experts' weights, optimizer states and gradients (ZeRO-
+    sharded over EDP) in the traced family's precision (device_step.state_bytes_per_param:
+    until stop 25 the spec path's fp32 master and moments, 12 bytes where HF's bf16 runs
+    keep 4), the FP8 weight copy, DualPipe's second parameter copy and p + 1 micro-batches,
+    and the MoE layers' activations (:func:`moe_act_bytes_layer`).  The peak is the device
+    model's: the larger of the forward peak (states, activations, logits) and the end of
+    backward (states, gradients) -- until stop 25 the experts' gradients were added to the
+    forward peak, an upper bound."""
+    from calib.analytic import moe as MOE
+    from calib.analytic import precision as PR
+    from calib.analytic.bubble import in_flight_scale, param_copies
+    from calib.analytic.modern import groups
+
+    z = st.zero
+    g_dense, g_exp = groups(st)
+    copies = param_copies(st.schedule)
+    w_b, o_b, g_b = D.state_bytes_per_param(fam.weights)
+    w = mem["mem_weights_bytes"] + w_b * expert_p / np.where(z == 3, g_exp, 1.0)
+    fp8_copy = PR.FP8_WEIGHT_COPY_BYTES * (
+        dense_p / np.where(z == 3, g_dense, 1.0) + expert_p / np.where(z == 3, g_exp, 1.0)
+    )
+    w = copies * (w + np.where(st.fp8, fp8_copy, 0.0))
+    o = copies * (mem["mem_optimizer_bytes"] + o_b * expert_p / np.where(z >= 1, g_exp, 1.0))
+    g = copies * (mem["mem_grads_all_bytes"] + g_b * expert_p / np.where(z >= 2, g_exp, 1.0))
+    acts = mem["mem_activations_all_bytes"]
+    if MOE.is_moe(model):
+        extra = moe_act_bytes_layer(model, fam, b * s_loc / t, d, st.ep) * np.ceil(
+            MOE.terms(model)["L_moe"] / p
+        )
+        acts = acts + np.where(np.asarray(rc) != F.FULL, extra * stages_in_flight(p, m, st.interleave), 0.0)
+    acts = acts * in_flight_scale(p, st.schedule)
+    fwd = acts >= g  # the forward peak (states + activations) is the larger
+    out = dict(mem)
+    out.update(mem_weights_bytes=w, mem_optimizer_bytes=o, mem_grads_bytes=np.where(fwd, 0.0, g),
+               mem_activations_bytes=np.where(fwd, acts, 0.0), mem_total_bytes=w + o + np.maximum(acts, g),
+               mem_grads_all_bytes=g, mem_activations_all_bytes=acts)  # fmt: skip
+    return out
+
+
 def compiled_view(system, model, compiled: bool):
     """The system predicting torch.compile'd training (``compiled``): its device model's
     torch.compile family (calibrate.device_compile) where one was fitted for the model's

@@ -362,40 +362,6 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
     }
 
 
-def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc):
-    """A fitted device model's memory of the dense part (``mem``), plus what the new axes add:
-    the routed experts' weights, gradients and optimizer states (ZeRO-sharded over EDP,
-    counted at the end-of-backward peak: an upper bound), the FP8 weight copy, DualPipe's
-    second parameter copy and p + 1 micro-batches, and the MoE layers' activations."""
-    from calib.analytic.memory import BYTES_GRAD, BYTES_WEIGHT, stages_in_flight
-
-    z = st.zero
-    g_dense, g_exp = groups(st)
-    copies = param_copies(st.schedule)
-    w = mem["mem_weights_bytes"] + BYTES_WEIGHT * expert_p / np.where(z == 3, g_exp, 1.0)
-    fp8_copy = PR.FP8_WEIGHT_COPY_BYTES * (
-        dense_p / np.where(z == 3, g_dense, 1.0) + expert_p / np.where(z == 3, g_exp, 1.0)
-    )
-    w = w + np.where(st.fp8, fp8_copy, 0.0)
-    o = mem["mem_optimizer_bytes"] + PR.optimizer_bytes_per_param(st.master) * expert_p / np.where(
-        z >= 1, g_exp, 1.0
-    )
-    g = mem["mem_grads_bytes"] + BYTES_GRAD * expert_p / np.where(z >= 2, g_exp, 1.0)
-    acts = mem["mem_activations_bytes"]
-    if MOE.is_moe(model):
-        T, sbd = b * s_loc / t, s_loc * b * d / t
-        per = MOE.activation_bytes_layer(model, T, d, mats, ep=st.ep) - MOE.DENSE_MLP_ACT * sbd
-        extra = per * np.ceil(MOE.terms(model)["L_moe"] / p) * stages_in_flight(p, m, st.interleave)
-        acts = acts + np.where(np.asarray(rc) != F.FULL, np.maximum(extra, 0.0), 0.0)
-    acts = acts * in_flight_scale(p, st.schedule)
-    added = (copies * w - mem["mem_weights_bytes"]) + (copies * o - mem["mem_optimizer_bytes"])
-    added = added + (copies * g - mem["mem_grads_bytes"]) + (acts - mem["mem_activations_bytes"])
-    out = dict(mem)
-    out.update(mem_weights_bytes=copies * w, mem_optimizer_bytes=copies * o, mem_grads_bytes=copies * g,
-               mem_activations_bytes=acts, mem_total_bytes=mem["mem_total_bytes"] + added)  # fmt: skip
-    return out
-
-
 def opt_params(st, dense_p, expert_p) -> np.ndarray:
     """Parameters whose optimizer step a GPU runs (sharded under ZeRO >= 1)."""
     g_dense, g_exp = groups(st)

@@ -370,7 +370,7 @@ def evaluate(
     if dm is not None:
         mem = DP.memory(dm, fam, sh, dense_p, b, t, p, g_mem, sm.zero, m, v, rc, sp, hw.runtime_reserve_gb * 1e9)  # fmt: skip
         if st.is_modern or X.MOE.is_moe(model):
-            mem = X.adjust_dm_memory(mem, model, sm, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc)
+            mem = DP.adjust_dm_memory(mem, model, sm, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc, fam)
     else:
         drop = bool(model.shape_extras.get("dropout", True))  # dropout masks kept (formulas)
         acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, False, (ffn_c / d, kv_frac, mats, drop, MLA.attention_kept_coeffs(model), MLA.op_sac_terms(model)))  # fmt: skip

@@ -187,15 +187,22 @@ def act_layer_bytes(fam: Family, d, kv_frac, ffn) -> np.ndarray:
     return fam.act_scale.value * act_count(fam.key, d, kv_frac, ffn)
 
 
+def state_bytes_per_param(weights: str) -> tuple[float, float, float]:
+    """(weights, optimizer states, gradients) bytes per parameter of a traced precision:
+    bf16 weights with bf16 Adam moments (2, 4, 2); fp32 weights under autocast with their
+    bf16 copy and fp32 moments (6, 8, 4)."""
+    opt = 8.0 if weights != "bf16" else 4.0
+    return STATIC_BYTES_PER_PARAM[weights] - opt, opt, GRAD_BYTES_PER_PARAM[weights]
+
+
 def memory_bytes(
     dm: DeviceModel, fam: Family, params_w, params_opt, params_grad, T, layers, d, V, t, acts_scale=1.0,
     *, ffn=None, kv_frac=1.0,
 ):  # fmt: skip
     """Peak memory per GPU: the larger of the forward peak (weights, optimizer states,
     activations, logits) and the end of backward (weights, states and gradients)."""
-    w = _f(params_w) * (STATIC_BYTES_PER_PARAM[fam.weights] - (8.0 if fam.weights != "bf16" else 4.0))
-    opt = _f(params_opt) * (8.0 if fam.weights != "bf16" else 4.0)
-    grads = _f(params_grad) * GRAD_BYTES_PER_PARAM[fam.weights]
+    w_b, opt_b, g_b = state_bytes_per_param(fam.weights)
+    w, opt, grads = _f(params_w) * w_b, _f(params_opt) * opt_b, _f(params_grad) * g_b
     ffn = 4.0 * _f(d) if ffn is None else _f(ffn)
     acts = act_layer_bytes(fam, d, kv_frac, ffn) * _f(T) * _f(layers) / _f(t) * _f(acts_scale)
     logits = dm.logit_bytes.value * _f(T) * _f(V) / _f(t)
@@ -208,6 +215,9 @@ def memory_bytes(
         "grads": np.where(fwd_peak >= bwd_end, 0.0, grads),
         "activations": np.where(fwd_peak >= bwd_end, acts + logits, 0.0),
         "total": total,
+        # both sides of the max, for terms added on top (analytic.device_path.adjust_dm_memory)
+        "grads_all": grads,
+        "activations_all": acts + logits,
     }
 
 
