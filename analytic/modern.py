@@ -386,9 +386,23 @@ def stack_notes(model, plan, system=None) -> list[str]:
 
     out = []
     if plan.fp8 and system is not None and system.device_model is not None:
+        dm = system.device_model
+        sp, cb = dm.fp8_gemm_speedup, dm.fp8_cast_bytes_per_elem
+        gemm = (
+            f"at the traced FP8 speed-up x{sp.value:.3g} of its bf16 rate"
+            if sp is not None
+            else "at its bf16 rate x the FP8/bf16 peak ratio (stated default: no FP8 GEMM traced)"
+        )
+        casts = (
+            f"the traced {cb.value:.3g} B per GEMM operand element"
+            if cb is not None
+            else f"Transformer Engine's fused casts, {PR.CAST_IN_BYTES:g} B per input and {PR.CAST_GRAD_BYTES:g} per "
+            "gradient element (stated default: no eager FP8 run traced; unfused per-op amax, scale and cast "
+            "kernels stream several times more and can make FP8 slower than bf16)"
+        )
         out.append(
-            "FP8: the fitted device model's linear GEMMs at its bf16 rate x the FP8/bf16 peak ratio, casts at its "
-            "streaming bandwidth; attention and LM head bf16 (no FP8 trace measured it)"
+            f"FP8: the device model's linear GEMMs {gemm}; casts {casts}, at its streaming bandwidth; "
+            "attention and LM head bf16"
         )
     if MOE.is_moe(model):
         from calib.analytic.mla import params_note
@@ -409,7 +423,7 @@ def stack_notes(model, plan, system=None) -> list[str]:
     if plan.dist_opt and plan.dp_overlap:
         out.append(f"distributed optimizer: reduce-scatter / all-gather overlap fractions {OV.DP_RS_OVERLAP} / "
                    f"{OV.DP_AG_OVERLAP} (stated defaults)")  # fmt: skip
-    if plan.fp8:
+    if plan.fp8 and (system is None or system.device_model is None):  # the device model's: above
         out.append(
             "FP8: linear GEMMs at the FP8 peak with the bf16 efficiency curve; casts as memory-bound passes"
         )

@@ -49,6 +49,16 @@ def test_each_eager_fp8_run_from_the_other(tmp_path, fit_on, held_out):
     c = model.device_model_.fp8_cast_bytes_per_elem
     assert c is not None and c.stderr is None and c.note.startswith(f"one eager FP8 run ({fit_on})")
     assert abs(_predict_fp8(model, held_out)) <= 0.05
+    # the prediction names the traced terms it used, not the stated defaults (stop 25)
+    sh = MEASURED[held_out]["shape"]
+    spec = ModelSpec(held_out, sh["d"], sh["l"], sh["a"], sh["s"], sh["V"], ffn=sh["ffn"], kv_heads=sh["kv"],
+                     mlp="swiglu", tied_embeddings=False)  # fmt: skip
+    notes = [
+        n for n in model.predict(spec, gpus=[1], micro_batch=sh["b"], fp8=True).notes if n.startswith("FP8")
+    ]
+    speed = model.device_model_.fp8_gemm_speedup.value
+    assert len(notes) == 1 and "stated default" not in notes[0]
+    assert f"x{speed:.3g}" in notes[0] and f"traced {c.value:.3g} B" in notes[0]
 
 
 def test_cast_bytes_per_operand_element_by_hand(tmp_path):

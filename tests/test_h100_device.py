@@ -200,6 +200,11 @@ def test_fp8_under_the_device_model(fitted):
                        fp8=np.array([False, True]))  # fmt: skip
     it = evaluate(m, sysm, st)["iter_s"]
     assert 1.0 < it[0] / it[1] < r8
+    # the prediction says which FP8 terms are stated defaults (no FP8 run traced on this H100),
+    # once: the spec path's own FP8 note is not added beside the device model's (stop 25)
+    notes = [n for n in model.predict(m, gpus=[8], micro_batch=2, fp8=True, flash_attention=True).notes
+             if n.startswith("FP8")]  # fmt: skip
+    assert len(notes) == 1 and notes[0].count("stated default") == 2 and "Transformer Engine" in notes[0]
 
 
 def test_mla_widths_scale_the_device_models_attention(fitted):
