@@ -128,7 +128,7 @@ def facts(run: Run) -> RunFacts | None:
         groups=_groups(ops, b * s, d, int(ffn), V, float(params)),
         host_ops=float(host["n_host_ops"].iloc[0]) if len(host) else float("nan"),
         host_issue_s=float(host["host_issue_s"].iloc[0]) if len(host) else float("nan"),
-        gemms=shapes, flagged=frozenset(flagged_classes(run.meta.notes)), variant=variant(names, g),
+        gemms=shapes, flagged=frozenset(flagged_classes(run.meta.notes)), variant=variant(names, g, _int(m, "E") or 0),
         top_k=_int(m, "topk") or _top_k(g, b * s),
     )  # fmt: skip
 
@@ -142,14 +142,23 @@ def _top_k(g: pd.DataFrame, tokens: int) -> int:
     return int(round(float(grouped["m"].max()) / tokens))
 
 
-def variant(op_names: set[str], gemms: pd.DataFrame) -> str:
+#: a router's top-k beside a token scatter on the device: an MoE layer that loops over its
+#: experts with plain matmuls (older HF Mixtral), which shows no grouped GEMM
+ROUTING_OPS = frozenset(
+    {"aten::index_add_", "aten::scatter_add_", "aten::_index_put_impl_", "aten::index_put_"}
+)
+
+
+def variant(op_names: set[str], gemms: pd.DataFrame, experts: int = 0) -> str:
     """The implementation variant a trace shows (``gemms``: the run's GEMM ops with their
-    ``fp8`` flag): FP8 GEMMs, grouped expert GEMMs (MoE), or TorchInductor's generated
+    ``fp8`` flag): FP8 GEMMs, MoE (grouped expert GEMMs, a top-k routing beside a token
+    scatter, or ``experts`` > 0 stated by the capture), or TorchInductor's generated
     kernels (torch.compile)."""
     tags = []
     if len(gemms) and gemms["fp8"].any():
         tags.append("fp8")
-    if len(gemms) and gemms["op"].isin(GROUPED_OPS).any():
+    routed = "aten::topk" in op_names and bool(op_names & ROUTING_OPS)
+    if experts > 0 or routed or (len(gemms) and gemms["op"].isin(GROUPED_OPS).any()):
         tags.append("moe")
     if any(n.startswith("triton_") for n in op_names):
         tags.append("compiled")

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
 from calib.calibrate import device_step as D
 from calib.calibrate.device_facts import RunFacts
 from calib.calibrate.device_model import DeviceModel, MoeTerms
@@ -88,4 +89,8 @@ def fit_moe(runs: Sequence[RunFacts], dm: DeviceModel) -> MoeTerms | None:
         what = f"{what}, measured on {names}"
         return replace(p, note=f"{what}; {p.note}" if p.note else what)
 
-    return MoeTerms(**{k: mean(k) for k in units}, runs=tuple(f.name for f in mr))
+    # an implementation without grouped GEMMs (experts looped over with plain matmuls) has
+    # no grouped kernel to measure: the roofline stands for its expert GEMMs
+    grouped = any(np.isfinite(x["grouped_gemm_scale"]) for x in xs)
+    terms = {k: mean(k) for k in units if k != "grouped_gemm_scale" or grouped}
+    return MoeTerms(**terms, runs=tuple(f.name for f in mr))

@@ -164,3 +164,29 @@ def test_moe_memory_is_the_familys_own_count_on_the_routed_rows(fitted):
     sh = MEASURED[MIXTRAL]["shape"]
     pred = model.predict(_spec(), gpus=[1], micro_batch=sh["b"], flash_attention=True).table
     assert abs(pred["mem_total_gb"].iloc[0] / MEASURED[MIXTRAL]["peak_mem_gb"] - 1) < 0.02
+
+
+def test_an_moe_without_grouped_gemms_is_still_an_moe_run(fitted):
+    """An MoE layer that loops over its experts with plain matmuls (older HF Mixtral) shows
+    no grouped GEMM; its router's top-k beside a token scatter, or the capture's stated
+    expert count, still tags it (it must not enter the dense fit).  Checked on the real
+    run's device ops with the grouped GEMMs taken away, and on a dense run's."""
+    from calib.calibrate.device_facts import variant
+
+    store, _ = fitted
+    run, f = _facts(store)
+    ops = run.table("device_ops")
+    names = set(ops.loc[ops["op"] != "aten::_grouped_mm", "op"].astype(str))
+    plain = f.gemms.assign(op="aten::mm", fp8=False)
+    assert "aten::topk" in names and variant(names, plain) == "moe"
+    (dense,) = load_runs(["llama-d1024-l16"], system="h200-hf", store=store, kind="trace")
+    dense_names = set(dense.table("device_ops")["op"].astype(str))
+    assert variant(dense_names, plain) == "" and variant(dense_names, plain, experts=8) == "moe"
+    # with no grouped kernel to measure, the roofline stands for the expert GEMMs (scale None)
+    from dataclasses import replace
+
+    from calib.calibrate.device_moe import fit_moe
+
+    dm = fitted[1].device_model_
+    looped = fit_moe([replace(f, gemms=f.gemms.assign(grouped=False))], dm)
+    assert looped.grouped_gemm_scale is None and looped.bytes_d == dm.moe.bytes_d
