@@ -140,6 +140,9 @@ def test_fit_text_names_the_moe_terms(fitted, tmp_path):
     out = run("fit", "--system", "h200-hf", "--store", str(store)).output
     line = next(ln for ln in out.splitlines() if "MoE routing" in ln)
     assert "B x d" in line and "grouped expert GEMMs x1.2" in line and MIXTRAL in line
+    # the per-run table says why the MoE run is not among its rows
+    out = run("validate", "--runs", "h200-hf", "--store", str(store)).output
+    assert MIXTRAL not in out and "FP8 and MoE runs are not in this table" in out
 
 
 def test_moe_memory_is_the_familys_own_count_on_the_routed_rows(fitted):

@@ -253,6 +253,9 @@ def _validate_runs(system, measured, table, store, as_json, as_csv, out) -> None
         "leave-one-run-out: every term refitted without the run, the run predicted by that fit; its interval "
         "uses the other runs' leave-one-out errors only"
     ]
+    if dm.moe is not None or dm.fp8_cast_bytes_per_elem is not None:
+        notes.append("FP8 and MoE runs are not in this table: the device model measures its FP8 and MoE terms "
+                     "from them (in-sample); `calib predict` with --precision fp8 or --experts predicts them")  # fmt: skip
     if df["measured_mem_gb"].notna().any() and not any(r.get("measured_mem_gb") for r in dm.runs):
         notes.append("the runs recorded no peak memory: the fit used the reference activation bytes "
                      "(status default), so memory errors on the reference runs themselves are in-sample")  # fmt: skip
