@@ -130,7 +130,10 @@ def moe_routed_s(dm: DeviceModel, fam: Family, routed, d, f_e, mats, passes_fwd,
         if mt is not None
         else DISPATCH_PASSES * F.BYTES_PER_VALUE * d + fam.bytes_ffn.value * f_e
     )
-    kernels = mt.kernels_layer.value if mt is not None else 0.0
+    # a measured excess below the dense family's (noise, or a family fitted on the MoE runs
+    # themselves) is held at none
+    per_row = np.maximum(per_row, 0.0)
+    kernels = max(mt.kernels_layer.value, 0.0) if mt is not None else 0.0
     stream = (
         (np.asarray(passes_fwd, dtype=float) + 2.0)
         / 3.0
