@@ -193,3 +193,21 @@ def test_an_moe_without_grouped_gemms_is_still_an_moe_run(fitted):
     dm = fitted[1].device_model_
     looped = fit_moe([replace(f, gemms=f.gemms.assign(grouped=False))], dm)
     assert looped.grouped_gemm_scale is None and looped.bytes_d == dm.moe.bytes_d
+
+
+def test_a_negative_measured_excess_is_held_at_none(fitted):
+    """Measured against a dense family that already streams as much (noise, or a system whose
+    only traced runs are MoE ones, fitted on themselves), an excess below zero must not
+    shorten the layer: it counts as none."""
+    from dataclasses import replace
+
+    from calib.analytic.device_path import moe_routed_s
+    from calib.calibrate.params import Param
+
+    dm = fitted[1].device_model_
+    fam, _ = dm.family("swiglu", "bf16", compiled=False)
+    neg = replace(dm, moe=replace(dm.moe, bytes_d=Param(-500.0, unit="B"), bytes_ffn=Param(0.0, unit="B"),
+                                  kernels_layer=Param(-50.0)))  # fmt: skip
+    zero = replace(dm, moe=replace(neg.moe, bytes_d=Param(0.0, unit="B"), kernels_layer=Param(0.0)))
+    args = (16384.0, 1024.0, 1792.0, 3.0, 1.0)
+    assert float(moe_routed_s(neg, fam, *args)) == pytest.approx(float(moe_routed_s(zero, fam, *args)))
