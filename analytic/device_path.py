@@ -154,11 +154,8 @@ def moe_device_s(system, model, st, routed, d, f_e, mats, passes_fwd, cast_bytes
 def host_s(dm: DeviceModel, fam: Family, layers, microbatches, moe_share=0.0) -> np.ndarray:
     """The step's host issue time (device_step.host_s) plus the traced MoE implementation's
     operators on the MoE share of the layers (device_moe)."""
-    host = D.host_s(dm, fam, layers, microbatches)
-    if dm.moe is None or not moe_share:
-        return host
-    ops = dm.moe.host_ops_layer.value * moe_share * np.asarray(layers, dtype=float) * microbatches
-    return host + np.maximum(ops, 0.0) * (fam.host_s_per_op or dm.host_s_per_op).value
+    extra = max(dm.moe.host_ops_layer.value, 0.0) * moe_share if dm.moe is not None else 0.0
+    return D.host_s(dm, fam, layers, microbatches, extra)
 
 
 def head_terms(dm: DeviceModel, fam: Family, sh: Shape, b, t) -> dict[str, np.ndarray]:

@@ -162,9 +162,12 @@ def optimizer_s(dm: DeviceModel, fam: Family, params_opt) -> np.ndarray:
     return fixed + _f(params_opt) * ADAM_BYTES_PER_PARAM[fam.weights] / (dm.optimizer_tbps.value * 1e12)
 
 
-def host_s(dm: DeviceModel, fam: Family, layers, microbatches) -> np.ndarray:
-    """Unprofiled host issue time of one step: operators times seconds per operator."""
-    ops = fam.host_ops_layer.value * _f(layers) * _f(microbatches) + fam.host_ops_step.value
+def host_s(dm: DeviceModel, fam: Family, layers, microbatches, extra_ops_layer=0.0) -> np.ndarray:
+    """Unprofiled host issue time of one step: operators times seconds per operator
+    (``extra_ops_layer``: operators per layer beyond the family's, e.g. MoE routing)."""
+    ops = (fam.host_ops_layer.value + _f(extra_ops_layer)) * _f(layers) * _f(
+        microbatches
+    ) + fam.host_ops_step.value
     # a per-step intercept fitted from few layer counts can come out negative: never fewer than none
     return np.maximum(ops, 0.0) * (fam.host_s_per_op or dm.host_s_per_op).value
 
