@@ -204,6 +204,13 @@ def _mean_param(xs: list[float], unit: str) -> Param:
                  "" if len(xs) > 1 else "one run: no spread")  # fmt: skip
 
 
+def unsized_bytes(groups: pd.DataFrame, stream_tbps: float, t0_s: float) -> float:
+    """Bytes the memory-bound kernels without a width (``device_facts.groups`` "unsized")
+    stand for: their time beyond the fixed cost per kernel, at the achieved bandwidth."""
+    g = groups.loc["unsized"]
+    return max(g["seconds"] - g["kernels"] * t0_s, 0.0) * stream_tbps * 1e12
+
+
 def fit_families(
     runs: Sequence[RunFacts], stream: Param, t0: Param, act: dict[str, Param]
 ) -> tuple[Family, ...]:
@@ -225,11 +232,7 @@ def fit_families(
         bd, bf, bv, bp, be = [], [], [], [], []
         for f in fs:
             gr = f.groups
-            unsized = (
-                max(gr.loc["unsized", "seconds"] - gr.loc["unsized", "kernels"] * t0.value, 0.0)
-                * stream.value
-                * 1e12
-            )
+            unsized = unsized_bytes(gr, stream.value, t0.value)
             bd.append((gr.loc["d", "bytes"] + unsized) / (f.T * f.L * f.d))
             bf.append(gr.loc["ffn", "bytes"] / (f.T * f.L * f.ffn))
             bv.append(gr.loc["vocab", "bytes"] / (f.T * f.V))

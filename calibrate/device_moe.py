@@ -51,10 +51,12 @@ def moe_runs(runs: Sequence[RunFacts]) -> list[RunFacts]:
 def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
     """One MoE run's streamed bytes, kernels and host operators beyond its dense family,
     per routed token and unit of width, or per MoE layer (every layer of the run routes)."""
+    from calib.calibrate.device_fit import unsized_bytes
+
     fam, _ = dm.family(f.mlp, f.weights, compiled=False)
     gr = f.groups
     bw, t0 = D._bw(dm, fam), D._t0(dm, fam)
-    unsized = max(gr.loc["unsized", "seconds"] - gr.loc["unsized", "kernels"] * t0, 0.0) * bw * 1e12
+    unsized = unsized_bytes(gr, bw, t0)  # as the dense families count them
     routed = float(f.T * f.top_k)
     dense_d = fam.bytes_d.value * f.d * f.T * f.L
     kernels = float(gr["kernels"].sum()) - fam.kernels_layer.value * f.L - fam.kernels_step.value
