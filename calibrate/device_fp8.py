@@ -74,14 +74,15 @@ def fit_fp8_casts(runs: Sequence[RunFacts], dm: DeviceModel) -> Param | None:
     fp8 = [f for f in runs if f.variant == EAGER_FP8 and operand_elems(f) > 0 and f.busy_s > 0]
     if not fp8:
         return None
-    x = np.array([cast_bytes_per_elem(dm, f) for f in fp8])
+    from calib.calibrate.device_fit import _mean_param
+
+    m = _mean_param([cast_bytes_per_elem(dm, f) for f in fp8], "B/elem")  # mean, standard error
     names = ", ".join(f.name for f in fp8)
-    se = float(np.std(x, ddof=1) / np.sqrt(len(x))) if len(x) > 1 else None
     note = (
-        f"{len(x)} eager FP8 runs ({names})"
-        if se is not None
+        f"{len(fp8)} eager FP8 runs ({names})"
+        if m.stderr is not None
         else f"one eager FP8 run ({names}): its spread unknown"
     )
-    if x.mean() < 0:  # the dense model alone already over-predicts these runs: no traffic to add
-        note += f"; {x.mean():.3g} B/elem measured, held at 0"
-    return Param(max(float(x.mean()), 0.0), se, "B/elem", FITTED, note)
+    if m.value < 0:  # the dense model alone already over-predicts these runs: no traffic to add
+        note += f"; {m.value:.3g} B/elem measured, held at 0"
+    return Param(max(m.value, 0.0), m.stderr, "B/elem", FITTED, note)
