@@ -241,19 +241,19 @@ def moe_layer_s(model, system, st, b, s_loc, d, t, mats, rc, eff_fn, peak) -> np
     fl = MOE.layer_flops(model, T, t, mats, passes)
     lin_peak = np.where(st.fp8, (system.hw.peak_fp8_tflops or 0.0) * 1e12, peak)
     lin_peak = np.where(lin_peak > 0, lin_peak, peak)
-    x_e = MOE.expert_gemm_flops(T, mo["k"], mo["cap"], st.ep.astype(float), mo["E"], d, mo["f_e"])
     x_sh = 2.0 * T * d * mo["f_e"]
     load = MOE.load_factor(model, T, st.ep)  # the busiest EP rank sets the pace (dropless)
-    routed = load * fl["routed"] / (lin_peak * eff_fn(x_e))
     shared = fl["shared"] / (lin_peak * eff_fn(np.maximum(x_sh, 1.0)))
     routed_tok = load * mo["cap"] * T * mo["k"]
-    nbytes = MOE.DISPATCH_PASSES * routed_tok * d * F.BYTES_PER_VALUE
     cast = PR.CAST_IN_BYTES * (d + mo["f_e"]) + PR.CAST_GRAD_BYTES * ((mats - 1.0) * mo["f_e"] + d)
     casts = np.where(st.fp8, routed_tok * cast, 0.0)
-    if system.device_model is not None:
+    if system.device_model is not None:  # the routed part on the device model's roofline
         from calib.analytic.device_path import moe_device_s
 
         return shared + moe_device_s(system, model, st, routed_tok, d, mo["f_e"], mats, passes - 2.0, casts)
+    x_e = MOE.expert_gemm_flops(T, mo["k"], mo["cap"], st.ep.astype(float), mo["E"], d, mo["f_e"])
+    routed = load * fl["routed"] / (lin_peak * eff_fn(x_e))
+    nbytes = MOE.DISPATCH_PASSES * routed_tok * d * F.BYTES_PER_VALUE
     return routed + shared + (nbytes + casts) / (system.hw.hbm_tbps * 1e12)
 
 
