@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-from calib.calibrate.params import DEFAULT, UNIDENTIFIABLE, Param, lstsq_stderr
+from calib.calibrate.params import DEFAULT, UNIDENTIFIABLE, Param, lstsq_stderr, stderr_or_none
 from numpy.typing import ArrayLike
 from scipy.optimize import nnls
 
@@ -73,7 +73,7 @@ def fit_attention(runs: Sequence[RunFacts]) -> tuple[Param, Param, Param]:
     distinct = len({(round(x[0] / x[1]), round(x[1] / x[2])) for x in X})  # (h', s) pairs seen
     if len(rows) > 3 and distinct >= 3:
         se = lstsq_stderr(A, A @ c - 1.0)
-        flop, score, io = (Param(float(v), float(e), "s/unit") for v, e in zip(c, se, strict=True))
+        flop, score, io = (Param(float(v), stderr_or_none(e), "s/unit") for v, e in zip(c, se, strict=True))
         return flop, io, score
     note = (
         f"{len(rows)} runs, {distinct} distinct head widths and lengths: three terms need 4 runs and 3 shapes"

@@ -34,7 +34,16 @@ from calib.calibrate.device_model import (
     act_count,
 )
 from calib.calibrate.device_moe import fit_moe
-from calib.calibrate.params import DEFAULT, FITTED, FIXED, UNIDENTIFIABLE, FitQuality, Param, lstsq_stderr
+from calib.calibrate.params import (
+    DEFAULT,
+    FITTED,
+    FIXED,
+    UNIDENTIFIABLE,
+    FitQuality,
+    Param,
+    lstsq_stderr,
+    stderr_or_none,
+)
 from scipy.optimize import least_squares, nnls
 
 BENCH_MIN_S = 50e-6
@@ -112,7 +121,7 @@ def fit_gemm(points: pd.DataFrame, hbm_tbps: float = 0.0) -> GemmModel:
             params[nm] = Param(float(hi[1]), unit=u, status=DEFAULT,
                                note="no operand-bound matmul measured: at the datasheet HBM bandwidth")  # fmt: skip
         else:
-            params[nm] = Param(float(r.x[i]), float(se[i]), unit=u, status=FITTED)
+            params[nm] = Param(float(r.x[i]), stderr_or_none(se[i]), unit=u, status=FITTED)
     pred = model(r.x)
     q = _quality(pred, t, note=f"log-residual fit over {len(t)} matmul shapes")
     return GemmModel(**params, quality=q)
@@ -149,9 +158,9 @@ def fit_stream(runs: Sequence[RunFacts]) -> dict[str, Param]:
     for j, kind in enumerate(kinds):
         if c[j] > 0 and np.count_nonzero(A[:, j]):
             bw = 1.0 / c[j]
-            out[kind] = Param(float(bw), float(se[j] * bw * bw), "TB/s")
+            out[kind] = Param(float(bw), stderr_or_none(se[j] * bw * bw), "TB/s")
     out.setdefault("act", Param(2.0, unit="TB/s", status=DEFAULT, note="no activation kernels with sizes"))
-    out["t0"] = Param(float(c[-1]), float(se[-1]), "s")
+    out["t0"] = Param(float(c[-1]), stderr_or_none(se[-1]), "s")
     return out
 
 
@@ -170,7 +179,9 @@ def fit_optimizer(runs: Sequence[RunFacts]) -> tuple[Param, Param | None]:
         if c[1] > 0:
             se = lstsq_stderr(A, A @ c - t)
             bw = 1.0 / c[1]
-            return Param(float(bw), float(se[1] * bw * bw), "TB/s"), Param(float(c[0]), float(se[0]), "s")
+            return Param(float(bw), stderr_or_none(se[1] * bw * bw), "TB/s"), Param(
+                float(c[0]), stderr_or_none(se[0]), "s"
+            )
     bws = b / t / 1e12
     se = float(np.std(bws, ddof=1) / np.sqrt(len(bws))) if len(bws) > 1 else None
     return Param(float(np.mean(bws)), se, "TB/s"), None
@@ -184,9 +195,10 @@ def _linear_in_layers(
     if len(np.unique(Ls)) >= 2:
         A = np.column_stack([Ls, np.ones_like(Ls)])
         c, *_ = np.linalg.lstsq(A, ys, rcond=None)
-        se = lstsq_stderr(A, A @ c - ys) if len(Ls) > 2 else np.array([np.nan, np.nan])
-        return (Param(float(c[0]), None if np.isnan(se[0]) else float(se[0]), unit),
-                Param(float(c[1]), None if np.isnan(se[1]) else float(se[1]), unit))  # fmt: skip
+        se = lstsq_stderr(A, A @ c - ys)
+        return Param(float(c[0]), stderr_or_none(se[0]), unit), Param(
+            float(c[1]), stderr_or_none(se[1]), unit
+        )
     step = shared_intercept if shared_intercept is not None else 0.0
     note = "one layer count traced: per-step part taken from the other families"
     return (
@@ -268,8 +280,8 @@ def fit_memory(runs: Sequence[RunFacts], keys: Sequence[str]) -> tuple[dict[str,
         W = A / y[:, None]
         c, _ = nnls(W, np.ones(len(y)))
         se = lstsq_stderr(W, W @ c - 1.0)
-        act = {k: Param(float(c[i]), float(se[i]), "") for i, k in enumerate(fams)}
-        logit = Param(float(c[-1]), float(se[-1]), "B")
+        act = {k: Param(float(c[i]), stderr_or_none(se[i]), "") for i, k in enumerate(fams)}
+        logit = Param(float(c[-1]), stderr_or_none(se[-1]), "B")
     else:
         act, logit = (
             {},

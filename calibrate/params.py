@@ -121,7 +121,16 @@ class Saturating:
 
 def lstsq_stderr(jac: np.ndarray, resid: np.ndarray) -> np.ndarray:
     """Standard errors of a least-squares fit from its Jacobian and residuals (the
-    covariance ``pinv(J'J) * RSS / dof``; one degree of freedom at least)."""
-    dof = max(len(resid) - jac.shape[1], 1)
+    covariance ``pinv(J'J) * RSS / dof``); NaN when the fit has no residual degree of
+    freedom (as many data as parameters: the residuals are zero by construction, so they
+    say nothing about the uncertainty; :func:`stderr_or_none` turns it into no error)."""
+    dof = len(resid) - jac.shape[1]
+    if dof < 1:
+        return np.full(jac.shape[1], np.nan)
     cov = np.linalg.pinv(jac.T @ jac) * float(resid @ resid) / dof
     return np.sqrt(np.clip(np.diag(cov), 0.0, None))
+
+
+def stderr_or_none(se: float) -> float | None:
+    """A standard error for :class:`Param`: None where the fit could not give one."""
+    return float(se) if np.isfinite(se) else None

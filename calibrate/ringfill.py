@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from calib.calibrate.calibration import FITTED, FIXED, CollectiveCurve, Param, Segment
 from calib.calibrate.collectives import MIN_SIZES
+from calib.calibrate.params import lstsq_stderr, stderr_or_none
 
 from calib.core.collective_names import ALLGATHER, ALLREDUCE, SENDRECV
 
@@ -64,11 +65,11 @@ def fit_marginal(
     b_step = float(np.max((S / n) / (t_ag / (n - 1.0))))
     x = lsq_linear(A, y * w, bounds=([0.0, 0.0], [np.inf, 1.0 / b_step])).x
     r = A @ x - y * w
-    dof = max(len(c) - 2, 1)
-    cov = np.linalg.pinv(A.T @ A) * float(r @ r) / dof
-    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    se = lstsq_stderr(A, r)
     src = f"2 t_allgather - t_allreduce at {n} GPUs, {int(ok.sum())} ring sizes >= {S[ok].min() / 2**10:.0f} KiB"
-    alpha = Param(float(x[0]), stderr=float(se[0]), unit="s", status=FITTED, note=f"fill latency l0; {src}")
+    alpha = Param(
+        float(x[0]), stderr=stderr_or_none(se[0]), unit="s", status=FITTED, note=f"fill latency l0; {src}"
+    )
     # busbw of the fill's per-byte part (GB/s), its stderr by error propagation; at a bound
     # (no per-byte part, or a whole chunk) the value is the bound's and has no stderr
     k, se_k = float(x[1]), float(se[1])
