@@ -127,6 +127,48 @@ def loo_rel_errors(dm: DeviceModel, compiled: bool | None = None) -> np.ndarray:
     return np.asarray([r["loo_step_s"] / r["measured_step_s"] - 1.0 for r in rows], dtype=float)
 
 
+#: the variant tags whose runs the per-run table leaves to the analytic device path
+VARIANT_KINDS = ("fp8", "moe")
+
+
+def variant_rows(dm: DeviceModel, traced: Sequence[RunFacts]) -> tuple[dict, ...]:
+    """The FP8 and MoE runs (``RunFacts.variant``) that the dense per-run table leaves out:
+    their measured step and peak memory, their shape, and their variant terms refitted
+    without them -- the FP8 GEMM speed-up and cast bytes from the other FP8 runs, the MoE
+    routing terms from the other MoE runs (none: the hand count).  Their predictions need
+    the analytic device path (FP8 casts, routed experts), so the validation that shows the
+    table makes them; the dense terms do not depend on these runs (``dense_runs``)."""
+    from dataclasses import asdict, replace
+
+    from calib.calibrate.device_fp8 import fit_fp8_casts, fit_fp8_gemm
+    from calib.calibrate.device_moe import fit_moe
+
+    def js(term):
+        return None if term is None else asdict(term)
+
+    rows = []
+    for f in traced:
+        kinds = set(f.variant.split("+")) & set(VARIANT_KINDS)
+        if not kinds:
+            continue
+        rest = [g for g in traced if g.name != f.name]
+        held: dict = {}
+        if "fp8" in kinds:
+            speedup = fit_fp8_gemm(rest, dm.gemm)
+            held["fp8_gemm_speedup"] = js(speedup)
+            held["fp8_cast_bytes_per_elem"] = js(fit_fp8_casts(rest, replace(dm, fp8_gemm_speedup=speedup)))
+        if "moe" in kinds:
+            held["moe"] = js(fit_moe(rest, dm))
+        rows.append({
+            "run": f.name, "variant": f.variant, "measured_step_s": f.step_s,
+            "measured_mem_gb": f.peak_mem_bytes / 1e9 if f.peak_mem_bytes else None,
+            "shape": {"d": f.d, "L": f.L, "a": f.a, "kv": f.kv, "ffn": f.ffn, "s": f.s, "V": f.V, "b": f.b,
+                      "mlp": f.mlp, "tied": f.tied, "experts": f.experts, "top_k": f.top_k},
+            "held_out_terms": held,
+        })  # fmt: skip
+    return tuple(rows)
+
+
 def summary(dm: DeviceModel) -> str:
     """One line: how well the device model predicts the traced runs' unprofiled steps."""
     ins = [abs(r["insample_step_s"] / r["measured_step_s"] - 1) for r in dm.runs if r.get("measured_step_s")]

@@ -57,6 +57,8 @@ class RunFacts:
     #: routed experts per token of an MoE run (the sidecar's ``topk``, else the grouped expert
     #: GEMMs' rows over the tokens); 0 for a dense run
     top_k: int = 0
+    #: routed experts of an MoE run as the capture states them (``E``); 0 when not stated
+    experts: int = 0
 
     @property
     def T(self) -> int:
@@ -129,7 +131,7 @@ def facts(run: Run) -> RunFacts | None:
         host_ops=float(host["n_host_ops"].iloc[0]) if len(host) else float("nan"),
         host_issue_s=float(host["host_issue_s"].iloc[0]) if len(host) else float("nan"),
         gemms=shapes, flagged=frozenset(flagged_classes(run.meta.notes)), variant=variant(names, g, _int(m, "E") or 0),
-        top_k=_int(m, "topk") or _top_k(g, b * s),
+        top_k=_int(m, "topk") or _top_k(g, b * s), experts=_int(m, "E") or 0,
     )  # fmt: skip
 
 

@@ -224,6 +224,10 @@ class DeviceModel:
     compiled: bool = False
     #: the traced MoE implementation's routing work (device_moe); None: hand counts
     moe: MoeTerms | None = None
+    #: the FP8 and MoE runs the per-run table (``runs``) leaves out: measured values, shape
+    #: and their variant terms measured without them (device_check.variant_rows); the
+    #: analytic device path predicts them when the table is shown
+    variant_runs: tuple[Mapping[str, Any], ...] = ()
 
     def family(
         self, mlp: str, weights: str | None = None, compiled: bool | None = None
@@ -304,6 +308,7 @@ class DeviceModel:
         out["families"] = tuple(Family.from_json(f) for f in d.get("families", ()))
         out["moe"] = MoeTerms.from_json(d["moe"]) if d.get("moe") else None
         out["runs"] = tuple(d.get("runs", ()))
+        out["variant_runs"] = tuple(d.get("variant_runs", ()))
         out["notes"] = tuple(d.get("notes", ()))
         return cls(**out)
 

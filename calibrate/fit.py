@@ -206,7 +206,8 @@ def _device_model(sel: Selection, samples: pd.DataFrame, peak_info, profiler_ove
     checked, _ = device_fit.dense_runs(runs)  # the runs left out are named in dm.notes
     if len(checked) < len(runs):  # torch.compile runs are predicted by their own family
         checked = checked + compiled_runs(runs)
-    dm = replace(dm, runs=device_check.check_runs(dm, checked, samples, stated_overhead=stated))
+    dm = replace(dm, runs=device_check.check_runs(dm, checked, samples, stated_overhead=stated),
+                 variant_runs=device_check.variant_rows(dm, runs))  # fmt: skip
     notes.extend(dm.notes)
     notes.append(device_check.summary(dm))
     return dm

@@ -109,3 +109,31 @@ def test_compiled_fp8_casts_are_fused_and_a_negative_residual_is_held_at_0(tmp_p
     assert 0.0 < c.value < 3.0, c
     c = fit_fp8_casts([replace(f, variant="fp8", busy_s=f.busy_s / 3.0)], model.device_model_)
     assert c.value == 0.0 and "held at 0" in c.note, c
+
+
+def test_validate_runs_holds_each_fp8_run_out_of_its_own_terms(tmp_path):
+    """``calib validate --runs`` lists the FP8 runs apart from the dense table: each one's
+    held-out prediction refits the FP8 terms without it, which is the same prediction as a
+    calibration that never saw the run (the dense terms are fitted on the dense runs only),
+    so it must equal the fit on the nine dense runs and the other FP8 run."""
+    from tests.conftest import run
+
+    store = tmp_path / "both"
+    both = _fit(store, (*DENSE, *FP8))
+    both.save(store=store)
+    doc = json.loads(run("validate", "--runs", "h200-hf", "--store", str(store), "--json").output)
+    rows = {r["run"]: r for r in doc["variant_runs"]}
+    assert set(rows) == set(FP8) and not set(FP8) & {r["run"] for r in doc["runs"]}
+    for held_out, fit_on in (FP8, FP8[::-1]):
+        r = rows[held_out]
+        assert r["variant"] == "fp8" and held_out not in r["heldout_from"] and fit_on in r["heldout_from"]
+        alone = _fit(tmp_path / held_out, (*DENSE, fit_on))
+        expected = (
+            (1.0 + _predict_fp8(alone, held_out)) * MEASURED[held_out]["step_s_unprofiled_median"] * 1e3
+        )
+        assert r["heldout_ms"] == pytest.approx(expected, rel=1e-6)
+        assert r["insample_ms"] == pytest.approx(
+            (1.0 + _predict_fp8(both, held_out)) * MEASURED[held_out]["step_s_unprofiled_median"] * 1e3,
+            rel=1e-9,
+        )
+        assert r["measured_mem_gb"] == pytest.approx(MEASURED[held_out]["peak_mem_gb"], rel=0.01)

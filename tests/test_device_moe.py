@@ -140,9 +140,18 @@ def test_fit_text_names_the_moe_terms(fitted, tmp_path):
     out = run("fit", "--system", "h200-hf", "--store", str(store)).output
     line = next(ln for ln in out.splitlines() if "MoE routing" in ln)
     assert "B x d" in line and "grouped expert GEMMs x1.2" in line and MIXTRAL in line
-    # the per-run table says why the MoE run is not among its rows
-    out = run("validate", "--runs", "h200-hf", "--store", str(store)).output
-    assert MIXTRAL not in out and "FP8 and MoE runs are not in this table" in out
+    # the per-run table lists the MoE run apart, predicted by the analytic device path:
+    # in-sample with its own terms, held out with the hand count (no other MoE run)
+    res = run("validate", "--runs", "h200-hf", "--store", str(store), "--json")
+    doc = json.loads(res.output)
+    assert MIXTRAL not in {r["run"] for r in doc["runs"]}
+    (row,) = [r for r in doc["variant_runs"] if r["run"] == MIXTRAL]
+    assert row["variant"] == "moe"
+    assert row["measured_ms"] == pytest.approx(MEASURED[MIXTRAL]["step_s_unprofiled_median"] * 1e3, rel=1e-9)
+    assert abs(row["insample_err"]) < 0.05 and -0.30 < row["heldout_err"] < -0.20
+    assert "MoE routing: stated default (no other run)" in row["heldout_from"]
+    text = run("validate", "--runs", "h200-hf", "--store", str(store)).output
+    assert "FP8 and MoE runs" in text and MIXTRAL in text.split("FP8 and MoE runs")[1]
 
 
 def test_moe_memory_is_the_familys_own_count_on_the_routed_rows(fitted):

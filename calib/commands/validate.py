@@ -237,12 +237,12 @@ def _validate_runs(system, measured, table, store, as_json, as_csv, out) -> None
     if table:
         raise InputError("--runs", "give either a TABLE or --runs SYSTEM")
     try:
-        cal = resolve_system(system, None, None, store)[0].cal
+        machine = resolve_system(system, None, None, store)[0]
     except InputError as exc:  # the system was named by --runs, not --system
         if exc.where != "system":
             raise
         raise InputError("--runs", exc.problem) from None
-    dm = cal.device_model
+    dm = machine.cal.device_model
     if dm is None or not dm.runs:
         raise InputError(
             "--runs", f"the calibration of {system} has no device model (fit it from GPU traces with shapes)"
@@ -253,18 +253,21 @@ def _validate_runs(system, measured, table, store, as_json, as_csv, out) -> None
         "leave-one-run-out: every term refitted without the run, the run predicted by that fit; its interval "
         "uses the other runs' leave-one-out errors only"
     ]
-    if dm.moe is not None or dm.fp8_cast_bytes_per_elem is not None:
-        notes.append("FP8 and MoE runs are not in this table: the device model measures its FP8 and MoE terms "
-                     "from them (in-sample); `calib predict` with --precision fp8 or --experts predicts them")  # fmt: skip
+    vdf = validate_runs.variant_table(machine, dm)
+    if vdf.empty and (dm.moe is not None or dm.fp8_cast_bytes_per_elem is not None):
+        notes.append(
+            "this calibration predates the FP8 and MoE runs' table: run `calib fit` again to list them"
+        )
     if df["measured_mem_gb"].notna().any() and not any(r.get("measured_mem_gb") for r in dm.runs):
         notes.append("the runs recorded no peak memory: the fit used the reference activation bytes "
                      "(status default), so memory errors on the reference runs themselves are in-sample")  # fmt: skip
     if as_json:
-        text = output.dumps({"system": system, "summary": s, "runs": output.records(df), "notes": notes})
+        text = output.dumps({"system": system, "summary": s, "runs": output.records(df),
+                             "variant_runs": output.records(vdf), "notes": notes})  # fmt: skip
     elif as_csv:
-        text = df.to_csv(index=False)
+        text = validate_runs.csv(df, vdf)
     else:
-        text = validate_runs.text(system, df, s, notes)
+        text = validate_runs.text(system, df, s, notes) + validate_runs.variant_text(vdf)
     text = output.emit(text, out)
     if text is not None:
         click.echo(text, nl=False)

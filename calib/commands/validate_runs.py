@@ -57,6 +57,80 @@ def table(dm, measured: dict[str, dict]) -> pd.DataFrame:
     return df
 
 
+def _predict_variant(system, dm, row: dict) -> tuple[float, float]:
+    """One FP8 or MoE run's unprofiled step (s) and peak memory (GB) on one GPU, by the
+    analytic device path with device model ``dm`` (as ``calib predict --system`` runs it)."""
+    from dataclasses import replace
+
+    from calib.analytic.predict import Plan, predict
+    from calib.analytic.specs import ModelSpec
+
+    sh, kinds = row["shape"], set(row["variant"].split("+"))
+    moe = "moe" in kinds and sh["experts"] > 0
+    model = ModelSpec(
+        name=row["run"], d_model=sh["d"], n_layers=sh["L"], n_heads=sh["a"], seq_len=sh["s"], vocab=sh["V"],
+        ffn=sh["ffn"], kv_heads=sh["kv"], mlp=sh["mlp"], tied_embeddings=bool(sh["tied"]),
+        n_experts=sh["experts"] if moe else 0, top_k=sh["top_k"] if moe else 0,
+        expert_ffn=sh["ffn"] if moe else None,
+    )  # fmt: skip
+    plan = Plan(micro_batch=sh["b"], global_batch=sh["b"], flash_attention=True, fp8="fp8" in kinds,
+                compiled="compiled" in kinds)  # fmt: skip
+    view = replace(system, cal=replace(system.cal, device_model=dm))
+    t = predict(model, view, [1], plan).table.iloc[0]
+    return float(t["iter_s"]), float(t["mem_total_gb"])
+
+
+def variant_table(system, dm) -> pd.DataFrame:
+    """The FP8 and MoE runs (``dm.variant_runs``): measured, predicted with every term
+    (in-sample) and with their variant terms refitted without the run (held out: for the
+    only MoE run, the hand count); errors are predicted / measured - 1."""
+    from dataclasses import replace
+
+    from calib.calibrate.device_model import MoeTerms
+    from calib.calibrate.params import Param
+
+    rows = []
+    for r in dm.variant_runs:
+        held = r.get("held_out_terms", {})
+        terms = {
+            k: None if v is None else (MoeTerms if k == "moe" else Param).from_json(v)
+            for k, v in held.items()
+        }
+        moe_unstated = "moe" in r["variant"].split("+") and not r["shape"]["experts"]
+        step_in = mem_in = step_out = mem_out = np.nan
+        if not moe_unstated:
+            step_in, mem_in = _predict_variant(system, dm, r)
+            step_out, mem_out = _predict_variant(system, replace(dm, **terms), r)
+        rows.append({
+            "run": r["run"], "variant": r["variant"],
+            "measured_ms": r["measured_step_s"] * 1e3 if r.get("measured_step_s") else np.nan,
+            "insample_ms": step_in * 1e3, "heldout_ms": step_out * 1e3,
+            "measured_mem_gb": r.get("measured_mem_gb") or np.nan, "insample_mem_gb": mem_in,
+            "heldout_mem_gb": mem_out,
+            "heldout_from": ", ".join(_from(k, t) for k, t in terms.items()) or "-",
+        })  # fmt: skip
+    df = pd.DataFrame(rows, columns=["run", "variant", "measured_ms", "insample_ms", "heldout_ms",
+                                     "measured_mem_gb", "insample_mem_gb", "heldout_mem_gb", "heldout_from"])  # fmt: skip
+    df["insample_err"] = df["insample_ms"] / df["measured_ms"] - 1.0
+    df["heldout_err"] = df["heldout_ms"] / df["measured_ms"] - 1.0
+    df["mem_err"] = df["insample_mem_gb"] / df["measured_mem_gb"] - 1.0
+    df["heldout_mem_err"] = df["heldout_mem_gb"] / df["measured_mem_gb"] - 1.0
+    return df
+
+
+def _from(key: str, term) -> str:
+    """Where a held-out prediction's variant term came from."""
+    what = {
+        "fp8_gemm_speedup": "FP8 GEMM speed-up",
+        "fp8_cast_bytes_per_elem": "FP8 casts",
+        "moe": "MoE routing",
+    }
+    if term is None:
+        return f"{what[key]}: stated default (no other run)"
+    runs = term.runs if hasattr(term, "runs") else None
+    return f"{what[key]}: " + (", ".join(runs) if runs else term.note.split(";")[0])
+
+
 def summary(df: pd.DataFrame) -> dict:
     def stats(col: str) -> dict:
         e = df[col].abs().dropna()
@@ -101,3 +175,28 @@ def text(system: str, df: pd.DataFrame, s: dict, notes: list[str]) -> str:
         f"peak memory leave-one-run-out: {f(s['memory_loo'])}",
     ]  # fmt: skip
     return "\n".join(out + [f"note: {n}" for n in notes]) + "\n"
+
+
+def csv(df: pd.DataFrame, vdf: pd.DataFrame) -> str:
+    """Both tables in one CSV, told apart by a ``table`` column (runs, variant_runs)."""
+    parts = [df.assign(table="runs")] + ([vdf.assign(table="variant_runs")] if len(vdf) else [])
+    return pd.concat(parts, ignore_index=True).to_csv(index=False)
+
+
+def variant_text(df: pd.DataFrame) -> str:
+    """The FP8 and MoE runs' table (:func:`variant_table`) as text."""
+    if df.empty:
+        return ""
+    pct = lambda v: "-" if not np.isfinite(v) else f"{v * 100:+.1f}%"  # noqa: E731
+    view = pd.DataFrame({
+        "run": df["run"], "variant": df["variant"], "measured ms": df["measured_ms"].round(1),
+        "in-sample ms": df["insample_ms"].round(1), "err": df["insample_err"].map(pct),
+        "held-out ms": df["heldout_ms"].round(1), "held-out err": df["heldout_err"].map(pct),
+        "mem GB": df["measured_mem_gb"].round(1), "pred GB": df["insample_mem_gb"].round(1),
+        "mem err": df["mem_err"].map(pct), "held-out mem err": df["heldout_mem_err"].map(pct),
+    })  # fmt: skip
+    src = [f"  {r}: {f}" for r, f in zip(df["run"], df["heldout_from"], strict=True)]
+    return "\n".join([
+        "", "FP8 and MoE runs (analytic device path; held out: their variant terms refitted without the run)",
+        "", view.to_string(index=False), "", "held-out variant terms measured on:", *src,
+    ]) + "\n"  # fmt: skip
