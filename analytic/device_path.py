@@ -235,8 +235,9 @@ def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, ma
     the new axes add: the routed experts' weights, optimizer states and gradients (ZeRO-
     sharded over EDP) in the traced family's precision (device_step.state_bytes_per_param:
     until stop 25 the spec path's fp32 master and moments, 12 bytes where HF's bf16 runs
-    keep 4), the FP8 weight copy, DualPipe's second parameter copy and p + 1 micro-batches,
-    and the MoE layers' activations (:func:`moe_act_bytes_layer`).  The peak is the device
+    keep 4), the FP8 weight copy (none under torch.compile, which keeps FP8 linear inputs
+    instead: precision.compiled_fp8_saved_bytes), DualPipe's second parameter copy and
+    p + 1 micro-batches, and the MoE layers' activations (:func:`moe_act_bytes_layer`).  The peak is the device
     model's: the larger of the forward peak (states, activations, logits) and the end of
     backward (states, gradients) -- until stop 25 the experts' gradients were added to the
     forward peak, an upper bound."""
@@ -253,10 +254,18 @@ def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, ma
     fp8_copy = PR.FP8_WEIGHT_COPY_BYTES * (
         dense_p / np.where(z == 3, g_dense, 1.0) + expert_p / np.where(z == 3, g_exp, 1.0)
     )
-    w = copies * (w + np.where(st.fp8, fp8_copy, 0.0))
+    # torch.compile casts the weights again in the backward: no FP8 copy is kept
+    compiled_fp8 = np.asarray(st.fp8, dtype=bool) & bool(fam.compiled)
+    w = copies * (w + np.where(np.asarray(st.fp8, dtype=bool) & ~compiled_fp8, fp8_copy, 0.0))
     o = copies * (mem["mem_optimizer_bytes"] + o_b * expert_p / np.where(z >= 1, g_exp, 1.0))
     g = copies * (mem["mem_grads_all_bytes"] + g_b * expert_p / np.where(z >= 2, g_exp, 1.0))
     acts = mem["mem_activations_all_bytes"]
+    if np.any(compiled_fp8):  # the dense layers' linears keep FP8 inputs (precision.compiled_fp8_saved_bytes)
+        dense_l = model.n_layers - (MOE.terms(model)["L_moe"] if MOE.is_moe(model) else 0)
+        t_acts = np.where(np.asarray(st.seq_parallel, dtype=bool), t, 1.0)
+        saved = PR.compiled_fp8_saved_bytes(d, model.ffn_size) * b * s_loc / t_acts * np.ceil(dense_l / p)
+        saved = saved * stages_in_flight(p, m, st.interleave)
+        acts = acts + np.where(compiled_fp8 & (np.asarray(rc) != F.FULL), saved, 0.0)
     if MOE.is_moe(model):
         extra = moe_act_bytes_layer(model, fam, b * s_loc / t, d, st.ep) * np.ceil(
             MOE.terms(model)["L_moe"] / p

@@ -34,6 +34,9 @@ FP8_WEIGHT_COPY_BYTES = 1.0
 CAST_IN_BYTES = 4.0  # read bf16 (2) + write FP8 row-wise (1) and column-wise (1)
 CAST_GRAD_BYTES = 3.0  # read bf16 (2) + write FP8 (1)
 FP8_SAVED_SBD = 7.0  # s b d bytes of Korthikanti's 34 saved by FP8 linear inputs
+#: bytes per token-layer per unit of d and of ffn that torch.compile'd FP8 linears keep
+#: beyond the compiled BF16 family (``compiled_fp8_saved_bytes``)
+COMPILED_FP8_SAVED_D, COMPILED_FP8_SAVED_FFN = -1.0, -1.0
 DISPATCH_FP8_BYTES = 1.0 + 4.0 / 128.0  # FP8 value + one fp32 scale per 128 (DeepSeek-V3 sec. 3.3)
 
 
@@ -81,3 +84,24 @@ def cast_bytes_layer(T, d, ffn, kv_frac, mats, t, passes_fwd=1.0, attn_io=None) 
 def weight_cast_bytes(params_gpu) -> np.ndarray:
     """Once per iteration: read bf16 weights, write row- and column-wise FP8 copies."""
     return CAST_IN_BYTES * np.asarray(params_gpu, dtype=float)
+
+
+def compiled_fp8_saved_bytes(d: ArrayLike, ffn: ArrayLike) -> np.ndarray:
+    """Activation bytes per token and layer that FP8 linears under torch.compile keep beyond
+    the compiled BF16 graph, read from the two compiled FP8 H200 traces' kernels (their
+    inputs' shapes and dtypes; tests/test_compiled_fp8_memory.py):
+
+    * each linear keeps its input's column-wise FP8 cast (1 byte) for the weight gradient;
+      Inductor computes a shared input's cast once (q, k, v; gate, up);
+    * the two norm outputs and the MLP product (silu(gate) up) are then no longer kept in
+      BF16 (2 bytes): the compiled BF16 backward reads them saved, the FP8 backward only
+      their casts (gate and up stay: the SwiGLU backward needs them);
+    * the attention output stays in BF16 (the flash-attention backward reads it), so the
+      projection's FP8 cast adds to it;
+
+    net -2 d + d - ffn = -(d + ffn).  No FP8 weight copy is kept either: every linear's
+    weight is cast again in the backward (7 weight casts per layer in each trace), where
+    the eager implementation saves its cast from the forward."""
+    return COMPILED_FP8_SAVED_D * np.asarray(d, dtype=float) + COMPILED_FP8_SAVED_FFN * np.asarray(
+        ffn, dtype=float
+    )
