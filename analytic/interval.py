@@ -39,7 +39,8 @@ def iter_interval(model, system, st, iter_s) -> tuple[np.ndarray, np.ndarray, li
     loo = loo_rel_errors(dm, dm.compiled)
     half = interval_half_width(np.sqrt(var), loo, LEVEL)
     floor = None
-    if overhead_is_lower_bound(dm):  # host times are upper bounds: down to the device-bound floor
+    moved = system.device_model is not dm  # the traced host's per-operator cost, carried over
+    if overhead_is_lower_bound(dm) or moved:  # host times are upper bounds: down to the device-bound floor
         fast = replace(system, cal=replace(system.cal, device_model=host_free(dm)))
         floor = np.asarray(evaluate(model, fast, st, lean=True)["iter_s"], dtype=float)
     notes = [
@@ -48,12 +49,15 @@ def iter_interval(model, system, st, iter_s) -> tuple[np.ndarray, np.ndarray, li
     ]
     if len(loo) < 2:
         notes.append("fewer than 2 leave-one-run-out errors: the interval holds the parameters' errors only")
-    if system.device_model is not dm:
+    if moved:
         notes.append(
             f"transferred from {dm.device} to {system.hw.device}: the interval does not hold the transfer's error"
         )
     if floor is not None and np.any(floor < it * (1.0 - 1e-9)):
-        notes.append("no host-bound traced run fixed the profiler overhead: host-bound steps may be as fast as "
-                     "their device time (the interval's lower end)")  # fmt: skip
+        why = ("the host's cost per operator is the traced machine's (this machine's host is unmeasured)" if moved
+               else "no host-bound traced run fixed the profiler overhead")  # fmt: skip
+        notes.append(
+            f"{why}: host-bound steps may be as fast as their device time (the interval's lower end)"
+        )
     lo, hi = band(it, half, floor)
     return lo, hi, notes
