@@ -237,10 +237,10 @@ def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, ma
     until stop 25 the spec path's fp32 master and moments, 12 bytes where HF's bf16 runs
     keep 4), the FP8 weight copy (none under torch.compile, which keeps FP8 linear inputs
     instead: precision.compiled_fp8_saved_bytes), DualPipe's second parameter copy and
-    p + 1 micro-batches, and the MoE layers' activations (:func:`moe_act_bytes_layer`).  The peak is the device
-    model's: the larger of the forward peak (states, activations, logits) and the end of
-    backward (states, gradients) -- until stop 25 the experts' gradients were added to the
-    forward peak, an upper bound."""
+    p + 1 micro-batches, and the MoE layers' activations (:func:`moe_act_bytes_layer`).
+    The peak is the device model's: the larger of the forward peak (states, activations,
+    logits) and the end of backward (states, gradients) -- until stop 25 the experts'
+    gradients were added to the forward peak, an upper bound."""
     from calib.analytic import moe as MOE
     from calib.analytic import precision as PR
     from calib.analytic.bubble import in_flight_scale, param_copies

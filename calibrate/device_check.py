@@ -137,7 +137,8 @@ def variant_rows(dm: DeviceModel, traced: Sequence[RunFacts]) -> tuple[dict, ...
     without them -- the FP8 GEMM speed-up and cast bytes from the other FP8 runs, the MoE
     routing terms from the other MoE runs (none: the hand count).  Their predictions need
     the analytic device path (FP8 casts, routed experts), so the validation that shows the
-    table makes them; the dense terms do not depend on these runs (``dense_runs``)."""
+    table makes them; the dense terms do not depend on these runs (``dense_runs``), unless
+    every traced run is a variant one (the fit's notes then say so)."""
     from dataclasses import asdict, replace
 
     from calib.calibrate.device_fp8 import fit_fp8_casts, fit_fp8_gemm

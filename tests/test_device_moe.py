@@ -220,3 +220,24 @@ def test_a_negative_measured_excess_is_held_at_none(fitted):
     zero = replace(dm, moe=replace(neg.moe, bytes_d=Param(0.0, unit="B"), kernels_layer=Param(0.0)))
     args = (16384.0, 1024.0, 1792.0, 3.0, 1.0)
     assert float(moe_routed_s(neg, fam, *args)) == pytest.approx(float(moe_routed_s(zero, fam, *args)))
+
+
+def test_validate_runs_names_an_moe_run_it_cannot_predict(fitted, tmp_path):
+    """A calibration whose MoE run did not state its number of experts (the capture's ``E``):
+    the row stays, unpredicted, and says why instead of failing the whole table."""
+    import shutil
+
+    from tests.conftest import run
+
+    store, _ = fitted
+    copy = tmp_path / "store"
+    shutil.copytree(store / "h200-hf", copy / "h200-hf", ignore=shutil.ignore_patterns("runs"))
+    path = copy / "h200-hf" / "h200-hf.calib.json"
+    doc = json.loads(path.read_text())
+    for r in doc["device_model"]["variant_runs"]:
+        r["shape"]["experts"] = 0
+    path.write_text(json.dumps(doc))
+    res = run("validate", "--runs", "h200-hf", "--store", str(copy), "--json")
+    (row,) = [r for r in json.loads(res.output)["variant_runs"] if r["run"] == MIXTRAL]
+    assert row["insample_ms"] is None and row["measured_ms"] > 0
+    assert row["heldout_from"] == "not predicted: the capture did not state the number of experts"

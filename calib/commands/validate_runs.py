@@ -96,18 +96,23 @@ def variant_table(system, dm) -> pd.DataFrame:
             k: None if v is None else (MoeTerms if k == "moe" else Param).from_json(v)
             for k, v in held.items()
         }
-        moe_unstated = "moe" in r["variant"].split("+") and not r["shape"]["experts"]
         step_in = mem_in = step_out = mem_out = np.nan
-        if not moe_unstated:
-            step_in, mem_in = _predict_variant(system, dm, r)
-            step_out, mem_out = _predict_variant(system, replace(dm, **terms), r)
+        why = ""
+        if "moe" in r["variant"].split("+") and not r["shape"]["experts"]:
+            why = "not predicted: the capture did not state the number of experts"
+        else:
+            try:
+                step_in, mem_in = _predict_variant(system, dm, r)
+                step_out, mem_out = _predict_variant(system, replace(dm, **terms), r)
+            except InputError as exc:  # a shape the predictor refuses: say so on the row
+                why = f"not predicted: {exc}"
         rows.append({
             "run": r["run"], "variant": r["variant"],
             "measured_ms": r["measured_step_s"] * 1e3 if r.get("measured_step_s") else np.nan,
             "insample_ms": step_in * 1e3, "heldout_ms": step_out * 1e3,
             "measured_mem_gb": r.get("measured_mem_gb") or np.nan, "insample_mem_gb": mem_in,
             "heldout_mem_gb": mem_out,
-            "heldout_from": ", ".join(_from(k, t) for k, t in terms.items()) or "-",
+            "heldout_from": why or ", ".join(_from(k, t) for k, t in terms.items()) or "-",
         })  # fmt: skip
     df = pd.DataFrame(rows, columns=["run", "variant", "measured_ms", "insample_ms", "heldout_ms",
                                      "measured_mem_gb", "insample_mem_gb", "heldout_mem_gb", "heldout_from"])  # fmt: skip
