@@ -11,7 +11,10 @@ against the eager model the dense runs fitted:
 
 * ``attn_scale``: the traced attention kernel time over the device model's prediction
   (on the H200 runs the same cuDNN attention ran 2.6-3.3x slower inside the compiled
-  graphs: a property of that software stack, measured, not assumed);
+  graphs: a property of that software stack, measured, not assumed).  The traces say
+  why: eager HF calls SDPA with ``is_causal`` and no mask, the compiled graphs pass an
+  explicit [b, 1, s, s] mask with ``is_causal`` false, so the kernel computes the whole
+  s x s square (twice the causal work) and adds the mask in its inner loop;
 * ``step_gap_s``: the device's idle time per device-bound step (fewer host syncs);
 * ``act_scale``: activation memory over the hand count, with the eager logit bytes;
 * ``cast_fusion``: the family's streamed bytes per token-layer-d over the eager family's,

@@ -172,3 +172,26 @@ def test_fit_text_shows_the_compiled_terms(fitted):
     fam = next(f for f in model.device_model_.families if f.compiled)
     assert "family swiglu/bf16/compiled" in text
     assert f"torch.compile: attention x{fam.attn_scale.value:.3f}" in text
+
+
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_compiled_attention_runs_with_an_explicit_mask(compiled):
+    """Why the compiled attention is ~3x slower (the family's attn_scale): the SDPA call the
+    traces record.  Eager: ``is_causal`` true, no mask (cuDNN skips the masked half).
+    Compiled: a [b, 1, s, s] mask and ``is_causal`` false -- the full square, plus the mask."""
+    import gzip
+
+    def sdpa_calls(run):
+        with gzip.open(H200 / "runs" / run / "rank0.pt.trace.json.gz") as fh:
+            ev = json.load(fh)["traceEvents"]
+        return [e["args"] for e in ev if e.get("name") == "aten::_scaled_dot_product_cudnn_attention"]
+
+    sh = MEASURED[compiled]["shape"]
+    comp, eager = sdpa_calls(compiled), sdpa_calls(EAGER_TWIN[compiled])
+    assert len(comp) == len(eager) == 2 * sh["l"]  # one forward call per layer, two profiled steps
+    # arguments: query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, ...
+    assert all(
+        a["Input Dims"][3] == [sh["b"], 1, sh["s"], sh["s"]] and a["Concrete Inputs"][6] == "False"
+        for a in comp
+    )
+    assert all(a["Input Dims"][3] == [] and a["Concrete Inputs"][6] == "True" for a in eager)
