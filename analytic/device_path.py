@@ -255,22 +255,23 @@ def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, ma
         dense_p / np.where(z == 3, g_dense, 1.0) + expert_p / np.where(z == 3, g_exp, 1.0)
     )
     # torch.compile casts the weights again in the backward: no FP8 copy is kept
-    compiled_fp8 = np.asarray(st.fp8, dtype=bool) & bool(fam.compiled)
-    w = copies * (w + np.where(np.asarray(st.fp8, dtype=bool) & ~compiled_fp8, fp8_copy, 0.0))
+    fp8 = np.asarray(st.fp8, dtype=bool)
+    compiled_fp8 = fp8 & bool(fam.compiled)
+    w = copies * (w + np.where(fp8 & ~compiled_fp8, fp8_copy, 0.0))
     o = copies * (mem["mem_optimizer_bytes"] + o_b * expert_p / np.where(z >= 1, g_exp, 1.0))
     g = copies * (mem["mem_grads_all_bytes"] + g_b * expert_p / np.where(z >= 2, g_exp, 1.0))
-    acts = mem["mem_activations_all_bytes"]
-    if np.any(compiled_fp8):  # the dense layers' linears keep FP8 inputs (precision.compiled_fp8_saved_bytes)
-        dense_l = model.n_layers - (MOE.terms(model)["L_moe"] if MOE.is_moe(model) else 0)
+    # activations the new axes add per stage and micro-batch in flight (none kept under full
+    # recompute): the MoE layers' routed rows, and compiled FP8's linear inputs on the dense layers
+    L_moe = MOE.terms(model)["L_moe"] if MOE.is_moe(model) else 0
+    stage = 0.0
+    if L_moe:
+        stage = moe_act_bytes_layer(model, fam, b * s_loc / t, d, st.ep) * np.ceil(L_moe / p)
+    if np.any(compiled_fp8):  # precision.compiled_fp8_saved_bytes
         t_acts = np.where(np.asarray(st.seq_parallel, dtype=bool), t, 1.0)
-        saved = PR.compiled_fp8_saved_bytes(d, model.ffn_size) * b * s_loc / t_acts * np.ceil(dense_l / p)
-        saved = saved * stages_in_flight(p, m, st.interleave)
-        acts = acts + np.where(compiled_fp8 & (np.asarray(rc) != F.FULL), saved, 0.0)
-    if MOE.is_moe(model):
-        extra = moe_act_bytes_layer(model, fam, b * s_loc / t, d, st.ep) * np.ceil(
-            MOE.terms(model)["L_moe"] / p
-        )
-        acts = acts + np.where(np.asarray(rc) != F.FULL, extra * stages_in_flight(p, m, st.interleave), 0.0)
+        per_layer = PR.compiled_fp8_saved_bytes(d, model.ffn_size) * b * s_loc / t_acts
+        stage = stage + np.where(compiled_fp8, per_layer * np.ceil((model.n_layers - L_moe) / p), 0.0)
+    in_flight = stages_in_flight(p, m, st.interleave)
+    acts = mem["mem_activations_all_bytes"] + np.where(np.asarray(rc) != F.FULL, stage * in_flight, 0.0)
     acts = acts * in_flight_scale(p, st.schedule)
     fwd = acts >= g  # the forward peak (states + activations) is the larger
     out = dict(mem)
