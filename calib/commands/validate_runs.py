@@ -136,6 +136,11 @@ def _from(key: str, term) -> str:
     return f"{what[key]}: " + (", ".join(runs) if runs else term.note.split(";")[0])
 
 
+def pct(v: float) -> str:
+    """A relative error as a signed percentage, '-' where there is none."""
+    return "-" if not np.isfinite(v) else f"{v * 100:+.1f}%"
+
+
 def summary(df: pd.DataFrame) -> dict:
     def stats(col: str) -> dict:
         e = df[col].abs().dropna()
@@ -155,7 +160,6 @@ def summary(df: pd.DataFrame) -> dict:
 
 
 def text(system: str, df: pd.DataFrame, s: dict, notes: list[str]) -> str:
-    pct = lambda v: "-" if not np.isfinite(v) else f"{v * 100:+.1f}%"  # noqa: E731
     view = pd.DataFrame({
         "run": df["run"], "measured ms": df["measured_ms"].round(1), "in-sample ms": df["insample_ms"].round(1),
         "err": df["insample_err"].map(pct), "LOO ms": df["loo_ms"].round(1), "LOO err": df["loo_err"].map(pct),
@@ -192,7 +196,6 @@ def variant_text(df: pd.DataFrame) -> str:
     """The FP8 and MoE runs' table (:func:`variant_table`) as text."""
     if df.empty:
         return ""
-    pct = lambda v: "-" if not np.isfinite(v) else f"{v * 100:+.1f}%"  # noqa: E731
     view = pd.DataFrame({
         "run": df["run"], "variant": df["variant"], "measured ms": df["measured_ms"].round(1),
         "in-sample ms": df["insample_ms"].round(1), "err": df["insample_err"].map(pct),
