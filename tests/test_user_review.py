@@ -185,6 +185,28 @@ def test_validate_runs_of_an_unknown_system_names_runs(tmp_path):
     assert e.where == "--runs" and "no calibration for system 'nope'" in e.problem  # was '--system'
 
 
+def test_validate_runs_refuses_a_table_too_and_a_calibration_without_a_device_model(tmp_path):
+    """A table given beside --runs, and a calibration with no device model (here one saved
+    by a table's fit): one line naming --runs each, and the store left as it was."""
+    table = str(ROOT / "fixtures" / "published" / "megatron_sc21_table1_weak_scaling.csv")
+    run(
+        "validate",
+        table,
+        "--calibrate-on",
+        "every-third",
+        "--save-calibration",
+        "sc21",
+        "--store",
+        str(tmp_path),
+    )
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    e = bad("validate", table, "--runs", "sc21", "--store", str(tmp_path))
+    assert e.where == "--runs" and e.problem == "give either a TABLE or --runs SYSTEM"
+    e = bad("validate", "--runs", "sc21", "--store", str(tmp_path))
+    assert e.where == "--runs" and "the calibration of sc21 has no device model" in e.problem
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
 @pytest.mark.parametrize("axis", [("--nvlink-domain", "8"), ("--offload-gbps", "100")])
 def test_objective_with_a_time_only_axis_is_refused(axis):
     # was: --objective energy/cost silently ignored (ranked by placed / offload time)
