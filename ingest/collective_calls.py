@@ -19,10 +19,12 @@ import pandas as pd
 from calib.ingest.events import Events
 from calib.ingest.timeline import Timeline
 
-from calib.core.collective_names import ALLGATHER, busbw_factor, canonical
+from calib.core.collective_names import ALLGATHER, ALLTOALL, busbw_factor, canonical
 from calib.core.schema import empty_table
 
 _KERNEL_RE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)")
+#: DeepEP's kernels (ingest.rules.COMM_PATTERNS) move MoE tokens between ranks: all-to-all
+_DEEPEP_RE = re.compile(r"\bdeep_ep::")
 _KERNEL_DTYPE_RE = re.compile(r"_(?:Sum|Prod|Max|Min|Avg|PreMulSum|SumPostDiv)_([A-Za-z0-9_]+?)(?:\(|$)")
 # NCCL <= 2.8 kernel names: ncclAllReduceRingLLKernel_sum_f32(ncclColl)
 _OLD_KERNEL_RE = re.compile(
@@ -117,8 +119,10 @@ def compute(ev: Events, tl: Timeline, rank: int, dist_info: dict[str, Any]) -> p
         inv = inv.reshape(-1)
         u_names = ev.names[codes]
         parsed = [_KERNEL_RE.search(nm) or _OLD_KERNEL_RE.search(nm) for nm in u_names]
+        deepep = np.array([_DEEPEP_RE.search(nm) is not None for nm in u_names], dtype=bool)
         u_coll = [
-            canonical(m.group(1)) if m else canonical(nm) for m, nm in zip(parsed, u_names, strict=True)
+            ALLTOALL if de else canonical(m.group(1)) if m else canonical(nm)
+            for m, nm, de in zip(parsed, u_names, deepep, strict=True)
         ]
         dts = [_KERNEL_DTYPE_RE.search(nm) for nm in u_names]
         u_dtype = [
@@ -155,7 +159,7 @@ def compute(ev: Events, tl: Timeline, rank: int, dist_info: dict[str, Any]) -> p
         _fill_from_host_ops(ev, tl, in_n, out_n, gsize, dtype, pg_name, pg_desc)
         nelems = np.maximum(in_n, out_n)
         rccl = np.char.find(np.array(u_names, dtype=str), "rccl") >= 0
-        backend = np.where(rccl, "rccl", "nccl")[inv]
+        backend = np.select([deepep, rccl], ["deepep", "rccl"], "nccl")[inv]
     else:
         coll = np.array([canonical(nm.split(":", 1)[-1]) for nm in names], dtype=object)
         dims = _decode_many(ev.arg(idx, "input_dims"))

@@ -26,7 +26,11 @@ KERNEL_CLASS_RULES: tuple[tuple[str, str], ...] = (
     (r"^Memset|^memset|\bMemset", "memset"),
     (
         r"flash_fwd|flash_bwd|flash_attn|fmha|_attention|attention_|scaled_dot_product|cutlassF|cutlassB"
-        r"|sdpa|mha_|MultiHeadAttention|attn_",
+        r"|sdpa|mha_|MultiHeadAttention|attn_"
+        # FlashAttention 3's Hopper kernels run inside cutlass::device_kernel<flash::FlashAttnFwdSm90<..>>
+        # (and FlashAttnBwdSm90, FlashAttnFwdCombine): attention, not the "cutlass" GEMMs below;
+        # AMD's Composable Kernel FMHA (ck_tile::FmhaFwdKernel, FmhaBwd...)
+        r"|FlashAttn(Fwd|Bwd)|Fmha(Fwd|Bwd)",
         "attention",
     ),
     (r"multi_tensor_apply|[Aa]dam|[Ll]amb\b|_foreach_|fused_sgd|sgd_kernel|optim", "optimizer"),
@@ -39,7 +43,10 @@ KERNEL_CLASS_RULES: tuple[tuple[str, str], ...] = (
     (
         r"gemm|GEMM|Gemm|gemv|cublas|cutlass|matmul|xmma|wgmma|nvjet|Kernel2|"
         r"^aten::(mm|addmm|bmm|baddbmm|_addmm_activation|addmv|mv|dot)$|mkldnn_matmul|onednn.*gemm"
-        r"|^triton_tem_fused_\w*(mm|addmm|bmm)",  # torch.compile's Triton matmul templates
+        r"|^triton_tem_fused_\w*(mm|addmm|bmm)"  # torch.compile's Triton matmul templates
+        # AMD: Tensile's GEMM solutions (rocBLAS, hipBLASLt), C[i,j,k] = A[i,l,k] B[l,j,k]:
+        # Cijk_Ailk_Bljk_BBS_BH_..._MT256x256x64_MI16x16x1_..., Custom_Cijk_... (hand-tuned)
+        r"|^(Custom_)?Cijk_A",
         "gemm",
     ),
     (
@@ -60,6 +67,9 @@ COMM_PATTERNS: tuple[str, ...] = (
     # and new (ncclDevKernel_AllReduce_RING_LL) names alike, as HTA counts them
     r"^(void )?(nccl|rccl)|nccl:|ncclDevKernel|ncclKernel",
     r"^gloo:",
+    # DeepEP's MoE dispatch / combine kernels (NVLink and RDMA all-to-all outside NCCL;
+    # deep_ep::intranode::dispatch<..>, internode, internode_ll, and AMD's primus_turbo port)
+    r"\bdeep_ep::",
 )
 
 #: Host ops that only dispatch (views, allocation, metadata): never "kernels" on CPU traces.
