@@ -36,7 +36,9 @@ KERNEL_CLASS_RULES: tuple[tuple[str, str], ...] = (
     (r"multi_tensor_apply|[Aa]dam|[Ll]amb\b|_foreach_|fused_sgd|sgd_kernel|optim", "optimizer"),
     (
         r"layer_?norm|LayerNorm|rms_?norm|RMSNorm|RmsNorm|batch_?norm|bn_fw|bn_bw|group_?norm|cudnn::bn"
-        r"|_norm_|normalization",
+        r"|_norm_|normalization"
+        # PyTorch's LayerNorm kernels outside the vectorised path: forward moments, weight/bias grads
+        r"|RowwiseMomentsCUDAKernel|GammaBetaBackward",
         "normalization",
     ),
     (r"embedding|Embedding|indexSelect|index_select|EmbeddingBag|embedding_dense", "embedding"),
@@ -55,7 +57,7 @@ KERNEL_CLASS_RULES: tuple[tuple[str, str], ...] = (
         "copy_concat",
     ),
     (
-        r"elementwise|vectorized|unrolled|reduce_kernel|softmax|gelu|relu|silu|dropout|fill|triton_"
+        r"elementwise|vectorized|unrolled|reduce_kernel|softmax|SoftMax|gelu|relu|silu|dropout|fill|triton_"
         r"|^aten::",
         "elementwise",
     ),

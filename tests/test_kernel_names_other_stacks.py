@@ -98,3 +98,33 @@ def test_a_deepep_kernel_is_an_all_to_all_of_its_own_backend(tmp_path):
     b0, b1 = base.tables["buckets"], moved.tables["buckets"]
     num = b0.select_dtypes("number").columns
     np.testing.assert_allclose(b1[num].to_numpy(float), b0[num].to_numpy(float), rtol=1e-9, atol=1e-9)
+
+
+def test_layer_norm_and_log_softmax_kernels_of_shipped_traces():
+    """PyTorch's LayerNorm moments and weight/bias-gradient kernels (HTA's trace_filter trace)
+    and the loss's log-softmax kernels (the H100 GPT-2 run) are normalization and
+    element-wise work, not "other" (they were until stop 27; the device fit streams every
+    class but GEMMs, attention, optimizer and memcpy alike, so no fit moves)."""
+    from pathlib import Path
+
+    def kernel_names(path):
+        with gzip.open(path) as fh:
+            return sorted({e["name"] for e in json.load(fh)["traceEvents"] if e.get("cat") == "kernel"})
+
+    h100 = (
+        Path(__file__).parents[1]
+        / "fixtures"
+        / "traces"
+        / "h100"
+        / "runs"
+        / "g125m-b8"
+        / "rank0.pt.trace.json.gz"
+    )
+    norm = [
+        n
+        for n in kernel_names(ALL_TRACES["sampled_rank-0"])
+        if "RowwiseMoments" in n or "GammaBetaBackward" in n
+    ]
+    soft = [n for n in kernel_names(h100) if "cunn_SoftMax" in n]
+    assert len(norm) >= 2 and len(soft) == 2
+    assert set(_classes(norm)) == {"normalization"} and set(_classes(soft)) == {"elementwise"}
