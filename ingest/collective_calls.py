@@ -19,12 +19,24 @@ import pandas as pd
 from calib.ingest.events import Events
 from calib.ingest.timeline import Timeline
 
-from calib.core.collective_names import ALLGATHER, ALLTOALL, busbw_factor, canonical
+from calib.core.collective_names import (
+    ALLGATHER,
+    ALLTOALL,
+    REDUCESCATTER,
+    SENDRECV,
+    UNKNOWN,
+    busbw_factor,
+    canonical,
+)
 from calib.core.schema import empty_table
 
 _KERNEL_RE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)")
 #: DeepEP's kernels (ingest.rules.COMM_PATTERNS) move MoE tokens between ranks: all-to-all
 _DEEPEP_RE = re.compile(r"\bdeep_ep::")
+#: Transformer Engine's userbuffers kernels: ..._ag / _allgather (all-gather), ..._rs
+#: (reduce-scatter), kuserbuffers_push/pull (the ring's point-to-point steps)
+_UB_RE = re.compile(r"userbuffers_\w*?(?:_(ag|rs|allgather)(?:\b|_|<)|(push|pull)(?:send|recv))")
+_UB_COLL = {"ag": ALLGATHER, "allgather": ALLGATHER, "rs": REDUCESCATTER, "push": SENDRECV, "pull": SENDRECV}
 _KERNEL_DTYPE_RE = re.compile(r"_(?:Sum|Prod|Max|Min|Avg|PreMulSum|SumPostDiv)_([A-Za-z0-9_]+?)(?:\(|$)")
 # NCCL <= 2.8 kernel names: ncclAllReduceRingLLKernel_sum_f32(ncclColl)
 _OLD_KERNEL_RE = re.compile(
@@ -96,6 +108,14 @@ _PG_ROLES = (
 )
 
 
+def _ub_collective(name: str) -> str | None:
+    """The collective of a userbuffers kernel (None: not one; unknown: one of its others)."""
+    if "userbuffers_" not in name:
+        return None
+    m = _UB_RE.search(name)
+    return UNKNOWN if m is None else _UB_COLL[next(g for g in m.groups() if g)]
+
+
 def pg_role(desc: Any) -> str:
     """Role of a process group from its description (Megatron names its groups)."""
     if not desc or not isinstance(desc, str):
@@ -120,9 +140,10 @@ def compute(ev: Events, tl: Timeline, rank: int, dist_info: dict[str, Any]) -> p
         u_names = ev.names[codes]
         parsed = [_KERNEL_RE.search(nm) or _OLD_KERNEL_RE.search(nm) for nm in u_names]
         deepep = np.array([_DEEPEP_RE.search(nm) is not None for nm in u_names], dtype=bool)
+        ub = [_ub_collective(nm) for nm in u_names]
         u_coll = [
-            ALLTOALL if de else canonical(m.group(1)) if m else canonical(nm)
-            for m, nm, de in zip(parsed, u_names, deepep, strict=True)
+            ALLTOALL if de else u if u else canonical(m.group(1)) if m else canonical(nm)
+            for m, nm, de, u in zip(parsed, u_names, deepep, ub, strict=True)
         ]
         dts = [_KERNEL_DTYPE_RE.search(nm) for nm in u_names]
         u_dtype = [
@@ -159,7 +180,8 @@ def compute(ev: Events, tl: Timeline, rank: int, dist_info: dict[str, Any]) -> p
         _fill_from_host_ops(ev, tl, in_n, out_n, gsize, dtype, pg_name, pg_desc)
         nelems = np.maximum(in_n, out_n)
         rccl = np.char.find(np.array(u_names, dtype=str), "rccl") >= 0
-        backend = np.select([deepep, rccl], ["deepep", "rccl"], "nccl")[inv]
+        is_ub = np.array(["userbuffers_" in nm for nm in u_names], dtype=bool)
+        backend = np.select([deepep, is_ub, rccl], ["deepep", "userbuffers", "rccl"], "nccl")[inv]
     else:
         coll = np.array([canonical(nm.split(":", 1)[-1]) for nm in names], dtype=object)
         dims = _decode_many(ev.arg(idx, "input_dims"))

@@ -38,7 +38,8 @@ KERNEL_CLASS_RULES: tuple[tuple[str, str], ...] = (
         r"layer_?norm|LayerNorm|rms_?norm|RMSNorm|RmsNorm|batch_?norm|bn_fw|bn_bw|group_?norm|cudnn::bn"
         r"|_norm_|normalization"
         # PyTorch's LayerNorm kernels outside the vectorised path: forward moments, weight/bias grads
-        r"|RowwiseMomentsCUDAKernel|GammaBetaBackward",
+        r"|RowwiseMomentsCUDAKernel|GammaBetaBackward"
+        r"|GradGammaBeta|cuComputeGradInput",  # apex / Megatron fused LayerNorm backward
         "normalization",
     ),
     (r"embedding|Embedding|indexSelect|index_select|EmbeddingBag|embedding_dense", "embedding"),
@@ -72,6 +73,9 @@ COMM_PATTERNS: tuple[str, ...] = (
     # DeepEP's MoE dispatch / combine kernels (NVLink and RDMA all-to-all outside NCCL;
     # deep_ep::intranode::dispatch<..>, internode, internode_ll, and AMD's primus_turbo port)
     r"\bdeep_ep::",
+    # Transformer Engine's userbuffers: the TP all-gather / reduce-scatter (and their ring
+    # exchanges) that overlap the GEMMs (Megatron --tp-comm-overlap), outside NCCL
+    r"userbuffers_",
 )
 
 #: Host ops that only dispatch (views, allocation, metadata): never "kernels" on CPU traces.

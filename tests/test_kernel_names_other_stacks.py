@@ -43,6 +43,21 @@ DEEPEP = [
     "void primus_turbo::deep_ep::intranode::dispatch<8, 1024, true>(HIP_vector_type<int, 4u>*, ...",
 ]
 
+#: Transformer Engine userbuffers (Megatron --tp-comm-overlap): file ids 28786920182 (all-gather,
+#: reduce-scatter), 19568099538 (FP8 reduce-scatter), 53513329779 (residual all-gather),
+#: 63626143030 (the ring's push kernels)
+USERBUFFERS = {
+    "void userbuffers_fp16_sum_inplace_gpu_rw_ag<2>(int, int, int, int, int, int, int, void**, int, unsigned long)":
+        "allgather",
+    "void userbuffers_fp16_sum_inplace_gpu_rr_rs<2>(int, in": "reducescatter",
+    "userbuffers_fp16_sum_inplace_gpu_rr_rs_oop_fp8": "reducescatter",
+    "userbuffers_fp16_sum_inplace_res_allgather": "allgather",
+    "kuserbuffers_pushsend": "sendrecv",
+    "kuserbuffers_pushrecv": "sendrecv",
+}  # fmt: skip
+#: apex / Megatron fused LayerNorm backward (file id 26054091961)
+APEX_NORM = ["cuComputePartGradGammaBeta", "cuComputeGradGammaBeta", "cuComputeGradInput"]
+
 
 def _classes(names):
     from calib.ingest.rules import DEFAULT_RULES
@@ -128,3 +143,20 @@ def test_layer_norm_and_log_softmax_kernels_of_shipped_traces():
     soft = [n for n in kernel_names(h100) if "cunn_SoftMax" in n]
     assert len(norm) >= 2 and len(soft) == 2
     assert set(_classes(norm)) == {"normalization"} and set(_classes(soft)) == {"elementwise"}
+
+
+def test_userbuffers_tp_overlap_kernels_are_tp_collectives():
+    """Transformer Engine's userbuffers kernels move the TP all-gathers and reduce-scatters
+    that Megatron overlaps with the GEMMs: communication, each with its collective (until
+    stop 27 they were "other" computation)."""
+    from calib.ingest.collective_calls import _ub_collective
+    from calib.ingest.rules import DEFAULT_RULES
+
+    names = list(USERBUFFERS)
+    assert DEFAULT_RULES.is_comm(names).all()
+    assert [_ub_collective(n) for n in names] == list(USERBUFFERS.values())
+    assert _ub_collective(DEEPEP[0]) is None
+
+
+def test_apex_layer_norm_backward_is_normalization():
+    assert _classes(APEX_NORM) == ["normalization"] * 3

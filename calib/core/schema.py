@@ -114,7 +114,7 @@ COLLECTIVES = pa.schema(
         ("rank", _i32),
         ("iteration", _i64),
         ("collective", _str),  # canonical: allreduce, allgather, reducescatter, ...
-        ("backend", _str),  # nccl, rccl, gloo, deepep
+        ("backend", _str),  # nccl, rccl, gloo, deepep, userbuffers
         ("pg_name", _str),
         ("pg_desc", _str),
         ("pg_role", _str),  # tp, pp, dp, ep, cp, default or unknown
