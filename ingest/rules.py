@@ -28,9 +28,10 @@ KERNEL_CLASS_RULES: tuple[tuple[str, str], ...] = (
         r"flash_fwd|flash_bwd|flash_attn|fmha|_attention|attention_|scaled_dot_product|cutlassF|cutlassB"
         r"|sdpa|mha_|MultiHeadAttention|attn_"
         # FlashAttention 3's Hopper kernels run inside cutlass::device_kernel<flash::FlashAttnFwdSm90<..>>
-        # (and FlashAttnBwdSm90, FlashAttnFwdCombine): attention, not the "cutlass" GEMMs below;
+        # (and FlashAttnBwdSm90, FlashAttnFwdCombine), FlashAttention 4's CuTe kernels
+        # (FlashAttentionForwardSm100): attention, not the "cutlass" GEMMs below;
         # AMD's Composable Kernel FMHA (ck_tile::FmhaFwdKernel, FmhaBwd...)
-        r"|FlashAttn(Fwd|Bwd)|Fmha(Fwd|Bwd)",
+        r"|FlashAttn(Fwd|Bwd)|FlashAttention(Forward|Backward)|Fmha(Fwd|Bwd)",
         "attention",
     ),
     (r"multi_tensor_apply|[Aa]dam|[Ll]amb\b|_foreach_|fused_sgd|sgd_kernel|optim", "optimizer"),

@@ -25,6 +25,7 @@ FA3 = [
     "cute::C<176>, cute::C<128> >, 128, cu",
     "flash::FlashAttnFwdCombine",
     "flash::enable_sm90<flash::FlashAttnBwdSm90<flash::CollectiveMainloopBwdS...>>",
+    "FlashAttentionForwardSm100",  # FlashAttention 4 (CuTe DSL, Blackwell): file id 54970931634
 ]
 #: AMD MI355X Megatron trace (file id 54874638758): hipBLASLt (Tensile) GEMMs and a CK
 #: grouped GEMM; hand-tuned Tensile kernels (file id 62179961574); CK FMHA (file id 55663012580)
@@ -66,7 +67,7 @@ def _classes(names):
 
 
 def test_flash_attention_3_is_attention_not_a_cutlass_gemm():
-    assert _classes(FA3) == ["attention"] * 3
+    assert _classes(FA3) == ["attention"] * 4
 
 
 def test_amd_gemms_and_attention():
