@@ -22,8 +22,9 @@ from calib.core.schema import KERNEL_CLASSES
 
 #: (pattern, class) for device kernels and host compute ops, first match wins.
 KERNEL_CLASS_RULES: tuple[tuple[str, str], ...] = (
-    (r"^Memcpy|^memcpy|\bMemcpy", "memcpy"),
-    (r"^Memset|^memset|\bMemset", "memset"),
+    # ROCm runs copies and fills as blit kernels: __amd_rocclr_copyBuffer, __amd_rocclr_fillBuffer...
+    (r"^Memcpy|^memcpy|\bMemcpy|^__amd_rocclr_copyBuffer", "memcpy"),
+    (r"^Memset|^memset|\bMemset|^__amd_rocclr_fillBuffer", "memset"),
     (
         r"flash_fwd|flash_bwd|flash_attn|fmha|_attention|attention_|scaled_dot_product|cutlassF|cutlassB"
         r"|sdpa|mha_|MultiHeadAttention|attn_"

@@ -36,6 +36,9 @@ AMD_GEMM = [
     "void ck_tile::kentry<1, ck_tile::GroupedGemmKernel<ck_tile::GemmSpatiallyLocalTilePartitio...",
 ]
 AMD_ATTENTION = ["ck_tile::FmhaFwdKernel"]
+#: ROCm's blit kernels for copies and fills (file ids 53382071463: "SDMA copies ... seen as
+#: __amd_rocclr_copyBuffer"; 67106950907: "memset / iter ... __amd_rocclr_fillBufferAligned")
+AMD_BLIT = ["__amd_rocclr_copyBuffer", "__amd_rocclr_fillBufferAligned"]
 #: DeepEP: file ids 61765607032 and 71442866495 (NVIDIA), 54874638758 (AMD's primus_turbo port)
 DEEPEP = [
     "void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*, long*, float*, int*, int*, "
@@ -73,6 +76,7 @@ def test_flash_attention_3_is_attention_not_a_cutlass_gemm():
 def test_amd_gemms_and_attention():
     assert _classes(AMD_GEMM) == ["gemm"] * 4
     assert _classes(AMD_ATTENTION) == ["attention"]
+    assert _classes(AMD_BLIT) == ["memcpy", "memset"]
 
 
 def test_deepep_kernels_are_communication_and_nothing_else_is():
