@@ -138,7 +138,9 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
         system, plan.zero, sharded_span(plan.tp, plan.cp, np.array(dps), plan.shard)
     )
     notes += host_note(gpus, r, system)
-    notes += attention_spread_note(model, system, st, np.asarray(r["iter_s"], dtype=float), gpus)
+    if plan.flash_attention:
+        notes += attention_spread_note(system, r["iter_s"], [f"{g} GPUs" for g in gpus],
+                                       lambda s: evaluate(model, s, st)["iter_s"])  # fmt: skip
     if plan.fused_layers and system.device_model is not None:
         notes.append(
             "fused layers: not applied -- the device model's layer terms are fitted on the traced kernels"
@@ -231,26 +233,26 @@ ATTN_RATIO_SEEN = (0.5, 1.38)
 ATTN_SPREAD_NOTE_MIN = 0.1
 
 
-def attention_spread_note(model, system: System, st, iter_s: np.ndarray, gpus: list[int]) -> list[str]:
+def attention_spread_note(system: System, iter_s, labels, iter_at) -> list[str]:
     """With fused attention on the spec path (no device model) at the stated default
     efficiency, the step between the attention efficiencies fitted stacks reached
     (:data:`ATTN_RATIO_SEEN`), where that moves it by 10 % or more: at long sequences the
-    attention core is most of the work and its efficiency is the stack's, not the GPU's."""
+    attention core is most of the work and its efficiency is the stack's, not the GPU's.
+    ``iter_at(system)``: the same strategies' iteration seconds on another system (the
+    caller's evaluation); ``labels`` name them.  The caller checks that attention is fused."""
     from dataclasses import replace
 
     from calib.analytic.timemodel import ATTN_EFF_RATIO
 
-    if (
-        not np.any(st.flash_attention)
-        or system.device_model is not None
-        or system.attn_eff_ratio != ATTN_EFF_RATIO
-    ):
+    if system.device_model is not None or system.attn_eff_ratio != ATTN_EFF_RATIO:
         return []
-    slow, fast = (np.asarray(evaluate(model, replace(system, attn_eff_ratio=x), st)["iter_s"], dtype=float)
-                  for x in ATTN_RATIO_SEEN)  # fmt: skip
+    iter_s = np.asarray(iter_s, dtype=float)
+    slow, fast = (
+        np.asarray(iter_at(replace(system, attn_eff_ratio=x)), dtype=float) for x in ATTN_RATIO_SEEN
+    )
     if not np.any(slow >= (1.0 + ATTN_SPREAD_NOTE_MIN) * iter_s):
         return []
-    at = ", ".join(f"{g} GPUs {f:.4g}-{sl:.4g} s" for g, f, sl in zip(gpus, fast, slow))
+    at = ", ".join(f"{name} {f:.4g}-{sl:.4g} s" for name, f, sl in zip(labels, fast, slow))
     lo, hi = ATTN_RATIO_SEEN
     return [
         "attention core at the GEMMs' efficiency (a stated default); the stacks fitted here ran it at "

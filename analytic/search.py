@@ -359,6 +359,30 @@ def _space_knobs(space: Space, zero) -> dict:
             "master": space.master, "tp2d_kind": space.tp2d_kind, "zero_impl": space.zero_impl}  # fmt: skip
 
 
+#: the columns of a :func:`detail` table that name its strategy (layouts() and the option axes)
+STRATEGY_KEYS = (
+    "tp",
+    "cp",
+    "pp",
+    "dp",
+    "micro_batch",
+    "interleave",
+    "schedule",
+    "ep",
+    "tp_c",
+    "shard",
+    *OPTION_AXES,
+)
+
+
+def iter_of(model: ModelSpec, system: System, table: pd.DataFrame, B: int, space: Space) -> np.ndarray:
+    """Iteration seconds of the strategies of a :func:`detail` table (search's ranked rows,
+    their codes not yet named) on ``system``, e.g. the same machine with another efficiency."""
+    cand = {k: table[k].to_numpy() for k in STRATEGY_KEYS}
+    st = Strategies.of(**cand, global_batch=B, **_space_knobs(space, cand["zero"]))
+    return np.asarray(evaluate(model, system, st)["iter_s"], dtype=float)
+
+
 def detail(
     model: ModelSpec, system: System, cand: dict[str, np.ndarray], B: int, space: Space, power=None
 ) -> pd.DataFrame:

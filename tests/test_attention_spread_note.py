@@ -79,3 +79,24 @@ def test_the_span_comes_from_the_tables_validation_fits(table, lo, hi):
     df, _ = read_table(path)
     ratio = validate(df, str(path), calibrate_on="every-third").params["attn_eff_ratio"]
     assert lo <= ratio <= hi and ATTN_RATIO_SEEN[0] <= ratio + 0.01 and ratio < ATTN_RATIO_SEEN[1]
+
+
+def test_search_gives_the_span_of_the_best_layout_per_gpu_count(tmp_path):
+    """``calib search`` adds the same note for the layouts it ranks first, each re-evaluated
+    at the span's ends (analytic.search.iter_of); a 4K-token search says nothing."""
+    import json
+
+    from tests.conftest import run
+
+    args = ["search", "--hardware", "dgx-h100", "--model", "llama3-70b", "--gpus", "512,1024", "--flash-attention",
+            "--store", str(tmp_path), "--json"]  # fmt: skip
+    out = json.loads(run(*args, "--s", "65536", "--global-batch", "64", "--cp", "1,2,4,8,16").output)
+    (note,) = [n for n in out["notes"] if n.startswith("attention core at the GEMMs' efficiency")]
+    for row in out["best_per_gpus"]:
+        lo, hi = (
+            float(x)
+            for x in re.search(rf"{row['gpus']} GPUs \(best layout\) ([\d.]+)-([\d.]+) s", note).groups()
+        )
+        assert lo < row["iter_s"] < hi and hi > 1.1 * row["iter_s"]
+    short = json.loads(run(*args, "--s", "4096", "--global-batch", "512").output)
+    assert not [n for n in short["notes"] if n.startswith("attention core at the GEMMs' efficiency")]
