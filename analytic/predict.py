@@ -135,8 +135,9 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     df = df.assign(**scaling(df))
     notes = [f"scaling relative to {gpus[0]} GPUs", *compile_notes, *stack_notes(model, plan, system)]
     notes += attention_note(model, plan.flash_attention) + network_note(
-        system, plan.zero, sharded_span(plan.tp, plan.cp, np.array(dps), plan.shard)
-    )
+        system, plan.zero, sharded_span(plan.tp, plan.cp, np.array(dps), plan.shard),
+        [f"{g} GPUs" for g in gpus], lambda s: evaluate(model, s, st)["iter_s"],
+    )  # fmt: skip
     notes += host_note(gpus, r, system)
     if plan.flash_attention:
         notes += attention_spread_note(system, r["iter_s"], [f"{g} GPUs" for g in gpus],
@@ -263,7 +264,8 @@ def attention_spread_note(system: System, iter_s, labels, iter_at) -> list[str]:
 
 #: what the published tables whose rows identify it put sharded data parallelism at, as a
 #: fraction of the stated inter-node busbw (validation's network fit; docs/analytic.md)
-SHARDED_DP_SCALE_SEEN = "0.15-0.4"
+SHARDED_DP_SCALES = (0.15, 0.4)
+SHARDED_DP_SCALE_SEEN = f"{SHARDED_DP_SCALES[0]:g}-{SHARDED_DP_SCALES[1]:g}"
 
 
 def sharded_span(tp, cp, dp, shard) -> np.ndarray:
@@ -274,11 +276,13 @@ def sharded_span(tp, cp, dp, shard) -> np.ndarray:
     return tp * np.where(shard > 0, shard, cp * dp)
 
 
-def network_note(system: System, zero_stages, span_gpus) -> list[str]:
+def network_note(system: System, zero_stages, span_gpus, labels=None, iter_at=None) -> list[str]:
     """A note when a ZeRO-3 group spans nodes (``span_gpus``, :func:`sharded_span`) over the
     machine's stated (default) inter-node busbw: every published table that identifies the
     bandwidth sharded data parallelism reached put it well below the stated one, so such
-    times are likely optimistic."""
+    times are likely optimistic.  With ``iter_at(system)`` (the same strategies' iteration
+    seconds on another system) and their ``labels``, the note gives the step with the
+    inter-node busbw at the ends of :data:`SHARDED_DP_SCALES`."""
     z3, span = np.broadcast_arrays(np.asarray(zero_stages) == 3, np.asarray(span_gpus, dtype=float))
     if not np.any(z3 & (span > system.gpus_per_node)):
         return []
@@ -292,9 +296,17 @@ def network_note(system: System, zero_stages, span_gpus) -> list[str]:
     )
     if max(c.busbw_gbps.value for c in across) < 0.9 * stated:
         return []  # a fitted fraction carried to this machine (a transfer)
+    at = ""
+    if iter_at is not None:
+        from calib.analytic.vfit import scaled_network
+
+        slow, fast = (np.asarray(iter_at(scaled_network(system, x)), dtype=float) for x in SHARDED_DP_SCALES)
+        at = ", which puts the step at " + ", ".join(
+            f"{name} {f:.4g}-{sl:.4g} s" for name, f, sl in zip(labels, fast, slow)
+        )
     return [
         "ZeRO-3 across nodes is timed at the machine's stated inter-node bus bandwidth (a default, not a "
         f"measurement); the published tables that identify it put sharded data parallelism at {SHARDED_DP_SCALE_SEEN} "
-        "of it (validation's network fit), so these times may be optimistic: calibrate on measured runs of "
+        f"of it (validation's network fit){at}, so these times may be optimistic: calibrate on measured runs of "
         "your stack (a validation fit saved as a calibration, or nccl-tests logs)"
     ]

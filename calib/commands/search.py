@@ -273,16 +273,19 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     table = named(res.top)
     shown = table if len(counts) == 1 else res.best_per_gpus  # the layouts the output ranks first
     if not shown.empty:
-        span = sharded_span(*(shown[k].to_numpy() for k in ("tp", "cp", "dp", "shard")))
-        notes = notes + network_note(machine, shown["zero"].to_numpy(), span)
-        if flash_attention:  # the stated attention efficiency's reach, on the layouts shown first
-            from calib.analytic.predict import attention_spread_note
-            from calib.analytic.search import iter_of
+        from calib.analytic.search import iter_of
 
-            raw = res.top.head(1) if len(counts) == 1 else res.best_per_gpus
+        raw = res.top.head(1) if len(counts) == 1 else res.best_per_gpus  # the layouts shown first
+        names = [f"{g} GPUs (best layout)" for g in raw["gpus"]]
+        notes = notes + network_note(
+            machine, raw["zero"].to_numpy(), sharded_span(*(raw[k].to_numpy() for k in ("tp", "cp", "dp", "shard"))),
+            names, lambda s: iter_of(model, s, raw, B, space),
+        )  # fmt: skip
+        if flash_attention:  # the stated attention efficiency's reach
+            from calib.analytic.predict import attention_spread_note
+
             notes = notes + attention_spread_note(
-                machine, raw["iter_s"], [f"{g} GPUs (best layout)" for g in raw["gpus"]],
-                lambda s: iter_of(model, s, raw, B, space),
+                machine, raw["iter_s"], names, lambda s: iter_of(model, s, raw, B, space),
             )  # fmt: skip
     if power is not None and not power.clock_mhz_known:
         table = table.drop(columns=["f_opt_mhz"], errors="ignore")
