@@ -277,10 +277,10 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
 
         raw = res.top.head(1) if len(counts) == 1 else res.best_per_gpus  # the layouts shown first
         names = [f"{g} GPUs (best layout)" for g in raw["gpus"]]
+        span = sharded_span(*(shown[k].to_numpy() for k in ("tp", "cp", "dp", "shard")))
         notes = notes + network_note(
-            machine, raw["zero"].to_numpy(), sharded_span(*(raw[k].to_numpy() for k in ("tp", "cp", "dp", "shard"))),
-            names, lambda s: iter_of(model, s, raw, B, space),
-        )  # fmt: skip
+            machine, shown["zero"].to_numpy(), span, names, lambda s: iter_of(model, s, raw, B, space)
+        )
         if flash_attention:  # the stated attention efficiency's reach
             from calib.analytic.predict import attention_spread_note
 
