@@ -1,10 +1,14 @@
-"""Kernel names of stacks the shipped traces do not cover: FlashAttention 3 on Hopper, AMD's
-Tensile / hipBLASLt GEMMs and Composable Kernel attention, DeepEP's MoE all-to-all.
+"""Kernel names of stacks the shipped traces do not cover: FlashAttention 3 and 4, AMD's
+Tensile / hipBLASLt GEMMs, Composable Kernel attention and ROCm's blit copies, apex's
+LayerNorm backward, DeepEP's MoE all-to-all and Transformer Engine's userbuffers (TP
+communication overlapped with the GEMMs); and PyTorch's LayerNorm / log-softmax kernels of
+the shipped traces.
 
 The names are copied from public profiles (kernel tables of real traces, public index file
 ids in each list; long template arguments cut where the profile cut them).  Before these
-rules FA3's kernels, which run inside ``cutlass::device_kernel<...>``, were counted as
-GEMMs, AMD's GEMMs as "other" and DeepEP's dispatch / combine as computation.
+rules (stop 27) FA3's kernels, which run inside ``cutlass::device_kernel<...>``, were
+counted as GEMMs, AMD's GEMMs as "other", and DeepEP's and userbuffers' kernels as
+computation.
 """
 
 from __future__ import annotations
