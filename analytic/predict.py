@@ -134,14 +134,17 @@ def predict(model: ModelSpec, system: System, gpus: list[int], plan: Plan) -> Pr
     df["mfu"] = r["mfu"]
     df = df.assign(**scaling(df))
     notes = [f"scaling relative to {gpus[0]} GPUs", *compile_notes, *stack_notes(model, plan, system)]
+    labels = [f"{g} GPUs" for g in gpus]
+
+    def iter_at(other: System) -> np.ndarray:  # the same strategies on a variant of the machine
+        return evaluate(model, other, st)["iter_s"]
+
     notes += attention_note(model, plan.flash_attention) + network_note(
-        system, plan.zero, sharded_span(plan.tp, plan.cp, np.array(dps), plan.shard),
-        [f"{g} GPUs" for g in gpus], lambda s: evaluate(model, s, st)["iter_s"],
-    )  # fmt: skip
+        system, plan.zero, sharded_span(plan.tp, plan.cp, np.array(dps), plan.shard), labels, iter_at
+    )
     notes += host_note(gpus, r, system)
     if plan.flash_attention:
-        notes += attention_spread_note(system, r["iter_s"], [f"{g} GPUs" for g in gpus],
-                                       lambda s: evaluate(model, s, st)["iter_s"])  # fmt: skip
+        notes += attention_spread_note(system, r["iter_s"], labels, iter_at)
     if plan.fused_layers and system.device_model is not None:
         notes.append(
             "fused layers: not applied -- the device model's layer terms are fitted on the traced kernels"
@@ -247,19 +250,23 @@ def attention_spread_note(system: System, iter_s, labels, iter_at) -> list[str]:
 
     if system.device_model is not None or system.attn_eff_ratio != ATTN_EFF_RATIO:
         return []
-    iter_s = np.asarray(iter_s, dtype=float)
-    slow, fast = (
-        np.asarray(iter_at(replace(system, attn_eff_ratio=x)), dtype=float) for x in ATTN_RATIO_SEEN
-    )
-    if not np.any(slow >= (1.0 + ATTN_SPREAD_NOTE_MIN) * iter_s):
+    slow, fast = (iter_at(replace(system, attn_eff_ratio=x)) for x in ATTN_RATIO_SEEN)
+    if not np.any(
+        np.asarray(slow, dtype=float) >= (1.0 + ATTN_SPREAD_NOTE_MIN) * np.asarray(iter_s, dtype=float)
+    ):
         return []
-    at = ", ".join(f"{name} {f:.4g}-{sl:.4g} s" for name, f, sl in zip(labels, fast, slow))
+    at = _span_text(labels, fast, slow)
     lo, hi = ATTN_RATIO_SEEN
     return [
         "attention core at the GEMMs' efficiency (a stated default); the stacks fitted here ran it at "
         f"{lo:g}-{hi:g} x that (FlashAttention in llm-foundry's H100/A100 tables 0.5-0.78, cuDNN SDPA in the "
         f"H100 traces 1.38), which puts the step at {at}: calibrate on traces or long-sequence rows of your stack"
     ]
+
+
+def _span_text(labels, fast, slow) -> str:
+    """'label fast-slow s' per configuration, for the notes that give a step's span."""
+    return ", ".join(f"{name} {float(f):.4g}-{float(sl):.4g} s" for name, f, sl in zip(labels, fast, slow))
 
 
 #: what the published tables whose rows identify it put sharded data parallelism at, as a
@@ -300,10 +307,8 @@ def network_note(system: System, zero_stages, span_gpus, labels=None, iter_at=No
     if iter_at is not None:
         from calib.analytic.vfit import scaled_network
 
-        slow, fast = (np.asarray(iter_at(scaled_network(system, x)), dtype=float) for x in SHARDED_DP_SCALES)
-        at = ", which puts the step at " + ", ".join(
-            f"{name} {f:.4g}-{sl:.4g} s" for name, f, sl in zip(labels, fast, slow)
-        )
+        slow, fast = (iter_at(scaled_network(system, x)) for x in SHARDED_DP_SCALES)
+        at = ", which puts the step at " + _span_text(labels, fast, slow)
     return [
         "ZeRO-3 across nodes is timed at the machine's stated inter-node bus bandwidth (a default, not a "
         f"measurement); the published tables that identify it put sharded data parallelism at {SHARDED_DP_SCALE_SEEN} "

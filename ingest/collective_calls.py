@@ -180,7 +180,7 @@ def compute(ev: Events, tl: Timeline, rank: int, dist_info: dict[str, Any]) -> p
         _fill_from_host_ops(ev, tl, in_n, out_n, gsize, dtype, pg_name, pg_desc)
         nelems = np.maximum(in_n, out_n)
         rccl = np.char.find(np.array(u_names, dtype=str), "rccl") >= 0
-        is_ub = np.array(["userbuffers_" in nm for nm in u_names], dtype=bool)
+        is_ub = np.array([u is not None for u in ub], dtype=bool)
         backend = np.select([deepep, is_ub, rccl], ["deepep", "userbuffers", "rccl"], "nccl")[inv]
     else:
         coll = np.array([canonical(nm.split(":", 1)[-1]) for nm in names], dtype=object)

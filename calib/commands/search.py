@@ -277,16 +277,16 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
 
         raw = res.top.head(1) if len(counts) == 1 else res.best_per_gpus  # the layouts shown first
         names = [f"{g} GPUs (best layout)" for g in raw["gpus"]]
+
+        def iter_at(other):  # the first-ranked layouts on a variant of the machine
+            return iter_of(model, other, raw, B, space)
+
         span = sharded_span(*(shown[k].to_numpy() for k in ("tp", "cp", "dp", "shard")))
-        notes = notes + network_note(
-            machine, shown["zero"].to_numpy(), span, names, lambda s: iter_of(model, s, raw, B, space)
-        )
+        notes = notes + network_note(machine, shown["zero"].to_numpy(), span, names, iter_at)
         if flash_attention:  # the stated attention efficiency's reach
             from calib.analytic.predict import attention_spread_note
 
-            notes = notes + attention_spread_note(
-                machine, raw["iter_s"], names, lambda s: iter_of(model, s, raw, B, space),
-            )  # fmt: skip
+            notes = notes + attention_spread_note(machine, raw["iter_s"], names, iter_at)
     if power is not None and not power.clock_mhz_known:
         table = table.drop(columns=["f_opt_mhz"], errors="ignore")
     summary = {
