@@ -178,8 +178,12 @@ def test_h100_fit_carried_to_the_h200(tmp_path, h200_all):
     r, meas = p.table.iloc[0], MEASURED[name]["step_s_unprofiled_median"]
     assert r["iter_s_lo"] < 0.85 * r["iter_s"] and r["iter_s_lo"] <= meas <= r["iter_s_hi"], (r, meas)
     assert any("the traced machine's" in n for n in p.notes)
-    own = h100.predict(spec, gpus=[1], micro_batch=sh["b"], flash_attention=True).table.iloc[0]
-    assert own["iter_s_lo"] > 0.85 * own["iter_s"]  # on its own machine the host cost was fitted
+    # on its own system too since stop 28: another host of the same H100 machine issued this
+    # run 25 % faster (fixtures/traces/h100b; tests/test_h100b_device.py), so a host-bound
+    # step reaches down to its device time there as well, with its own note
+    own = h100.predict(spec, gpus=[1], micro_batch=sh["b"], flash_attention=True)
+    assert own.table["iter_s_lo"].iloc[0] < 0.85 * own.table["iter_s"].iloc[0]
+    assert any("the traced host's" in n for n in own.notes)
 
 
 def test_fp8_gemm_speedup_is_measured_from_the_fp8_traces(h200_all):
