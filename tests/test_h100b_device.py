@@ -1,0 +1,140 @@
+"""The H100 device model on runs it never saw: a second H100 machine (fixtures/traces/h100b)
+and H200 twins of its new shapes (fixtures/traces/h200b), recorded at stop 28.
+
+Splits written down before any prediction was run (SOURCE.txt there):
+* dense: calibrate on the five shipped H100 runs and their GEMM bench (the scoreboard's
+  fit); the seven new dense shapes (GQA, a Llama-3-8B-wide layer, d 3072, 8K-32K tokens,
+  GPT-2 medium at batch 16) and the repeat of the shipped Llama run are held out;
+* MoE: the MoE terms are measured on mixtral-d1024-e8 alone; five new MoE shapes (top-k
+  1-8, 8-64 experts, d up to 2048, 4K tokens) are held out.
+Bounds are the observed errors rounded up (observed figures in each docstring).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calib.api import SystemModel, load_runs
+from tests.test_h200_device import _store  # ingest runs + a GEMM bench into a store
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
+H100, H100B, H200, H200B = (FIX / n for n in ("h100", "h100b", "h200", "h200b"))
+SHIPPED = json.loads((H100 / "measured_steps.json").read_text())["runs"]
+MEASURED = json.loads((H100B / "measured_steps.json").read_text())["runs"]
+MEASURED_H200 = {
+    **json.loads((H200B / "measured_steps.json").read_text())["runs"],
+    "mixtral-d1024-e8": json.loads((H200 / "measured_steps.json").read_text())["runs"]["mixtral-d1024-e8"],
+}
+NEW_DENSE = ("g350m-b16", "llama-bf16-d4096-s2k", "llama-d1024-s16k", "llama-d1024-s8k-b2", "llama-d2048-s32k",
+             "llama-d3072-s2k", "llama-gqa-d2048-s4k")  # fmt: skip
+REPEAT = "llama-d1024-l16-repeat"
+MOE_DEV = "mixtral-d1024-e8"
+MOE_HELD = ("mixtral-d1024-e8-top1", "mixtral-d1024-e32-top4", "mixtral-d1024-e64-top8", "mixtral-d2048-e8",
+            "mixtral-d1536-e16-s4k")  # fmt: skip
+
+
+def _spec(name: str, sh: dict):
+    from calib.analytic.specs import ModelSpec
+
+    if "ffn" not in sh:  # GPT-2: GeLU MLP, tied head
+        return ModelSpec(name, sh["d"], sh["l"], sh["a"], sh["s"], sh["V"], dropout=False)
+    moe = dict(n_experts=sh["E"], top_k=sh["topk"], expert_ffn=sh["ffn"]) if "E" in sh else {}
+    return ModelSpec(name, sh["d"], sh["l"], sh["a"], sh["s"], sh["V"], ffn=sh["ffn"], kv_heads=sh["kv"],
+                     mlp="swiglu", tied_embeddings=False, dropout=False, **moe)  # fmt: skip
+
+
+def _row(model, name: str, measured: dict, **kw):
+    sh = measured[name]["shape"]
+    p = model.predict(_spec(name, sh), gpus=[1], micro_batch=sh["b"], flash_attention=True, **kw)
+    return p.table.iloc[0], p.notes, measured[name]
+
+
+@pytest.fixture(scope="module")
+def shipped_fit(tmp_path_factory):
+    store = _store(tmp_path_factory.mktemp("h100"), H100, "h100-hf", sorted(SHIPPED))
+    return SystemModel().fit(load_runs(system="h100-hf", store=store))
+
+
+def test_the_second_machine_repeats_the_gpu_bound_run_and_not_the_host_bound_one():
+    """g760m-b8 (GPU-bound, 2.7 G FLOP per token) ran 219.8 ms on the second H100 against
+    219.6 ms on the first; the Llama run of many small kernels 65.6 against 81.9 ms (its
+    host issues 25 % faster; the H200 machine's host: 66.1 ms)."""
+    assert MEASURED["g760m-b8-repeat"]["step_s_unprofiled_median"] == pytest.approx(
+        SHIPPED["g760m-b8"]["step_s_unprofiled_median"], rel=0.005
+    )
+    assert (
+        MEASURED[REPEAT]["step_s_unprofiled_median"]
+        < 0.85 * SHIPPED["llama-d1024-l16"]["step_s_unprofiled_median"]
+    )
+
+
+def test_new_dense_shapes_on_another_h100_held_out(shipped_fit):
+    """The scoreboard's fit predicts the seven new dense shapes through ``predict`` (the
+    user's path): observed +1.8, -1.0, +2.9, -2.0, +2.4, +3.2, +3.1 % (median 2.4 %), each
+    inside its 90 % interval; peak memory within 1.6 %."""
+    errs, mem = [], []
+    for name in NEW_DENSE:
+        row, _, m = _row(shipped_fit, name, MEASURED)
+        meas = m["step_s_unprofiled_median"]
+        errs.append(row["iter_s"] / meas - 1.0)
+        mem.append(row["mem_total_gb"] / m["peak_mem_gb"] - 1.0)
+        assert row["iter_s_lo"] <= meas <= row["iter_s_hi"], (name, row["iter_s_lo"], meas, row["iter_s_hi"])
+    errs, mem = np.abs(errs), np.abs(mem)
+    assert np.median(errs) <= 0.03 and errs.max() <= 0.04, errs
+    assert mem.max() <= 0.02, mem
+
+
+def test_a_host_bound_step_on_another_host_lies_inside_its_interval(shipped_fit):
+    """The repeat of the shipped Llama run is predicted at the first host's issue rate, 81.5
+    ms (+24 %); the interval reaches down to the step's device time, and the note says the
+    host cost is the traced host's (until stop 28 it ended at 78.3 ms, the repeat outside)."""
+    row, notes, m = _row(shipped_fit, REPEAT, MEASURED)
+    meas = m["step_s_unprofiled_median"]
+    assert row["iter_s"] > 1.2 * meas
+    assert row["iter_s_lo"] <= meas <= row["iter_s_hi"]
+    assert any("the traced host's" in n for n in notes)
+
+
+def _fit(tmp: Path, runs, system: str, bench: Path):
+    """A fit of ``runs`` ((folder, name) pairs) with ``bench``'s GEMM bench."""
+    import shutil
+
+    from calib.api import ingest_run
+
+    for src, name in runs:
+        ingest_run(src / "runs" / name, system=system, store=tmp)
+    for b in (bench / "gemm-bench").iterdir():
+        shutil.copytree(b, tmp / system / "runs" / b.name)
+    return SystemModel().fit(load_runs(system=system, store=tmp))
+
+
+def test_moe_terms_from_one_run_carry_to_new_moe_shapes(tmp_path):
+    """MoE terms measured on mixtral-d1024-e8 alone (beside the same machine's dense runs)
+    predict the five held-out MoE shapes: on the H100 -1.6, -2.3, +1.1, -2.0, -1.9 %; on the
+    H200 +9.3 (top-1, host-bound there), -3.4, -3.7, -2.8, -1.6 %.  The hand count used
+    without an MoE trace is 20-40 % fast on HF's grouped experts (its masks and copies), and
+    peak memory is within 1 %."""
+    h100_dense = [(H100B, n) for n in (REPEAT, *NEW_DENSE)]
+    h100 = _fit(tmp_path / "a", [*h100_dense, (H100B, MOE_DEV)], "h100-hf", H100)
+    h200_dense = [(H200, n) for n in ("g125m-b8", "g760m-b8", "g2p7b-b4", "g1p3b-s2k-b2", "llama-d1024-l16",
+                                      "llama-bf16-d4096-s2k", "llama-d1024-s16k", "llama-d2048-s32k",
+                                      "llama-gqa-d2048-s4k")]  # fmt: skip
+    h200 = _fit(tmp_path / "b", [*h200_dense, (H200, MOE_DEV)], "h200-hf", H200)
+    assert h100.device_model_.moe.runs == (MOE_DEV,) and h200.device_model_.moe.runs == (MOE_DEV,)
+    for model, measured, med, worst in ((h100, MEASURED, 0.025, 0.03), (h200, MEASURED_H200, 0.04, 0.10)):
+        errs = []
+        for name in MOE_HELD:
+            row, _, m = _row(model, name, measured)
+            errs.append(row["iter_s"] / m["step_s_unprofiled_median"] - 1.0)
+            assert abs(row["mem_total_gb"] / m["peak_mem_gb"] - 1.0) <= 0.01, name
+        errs = np.abs(errs)
+        assert np.median(errs) <= med and errs.max() <= worst, errs
+    hand = _fit(tmp_path / "c", h100_dense, "h100-hf", H100)  # no MoE trace: the hand count
+    assert hand.device_model_.moe is None
+    errs = np.array([_row(hand, n, MEASURED)[0]["iter_s"] / MEASURED[n]["step_s_unprofiled_median"] - 1.0
+                     for n in MOE_HELD])  # fmt: skip
+    assert np.all((errs > -0.42) & (errs < -0.18)), errs
