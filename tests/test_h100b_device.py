@@ -138,3 +138,66 @@ def test_moe_terms_from_one_run_carry_to_new_moe_shapes(tmp_path):
     errs = np.array([_row(hand, n, MEASURED)[0]["iter_s"] / MEASURED[n]["step_s_unprofiled_median"] - 1.0
                      for n in MOE_HELD])  # fmt: skip
     assert np.all((errs > -0.42) & (errs < -0.18)), errs
+
+
+def _kernels(folder: Path) -> dict:
+    rows = json.loads((folder / "measured_steps.json").read_text())["kernels"]["bandwidth"]
+    return {(r["kind"], r.get("mib", r.get("mparams"))): r["gbps"] for r in rows}
+
+
+def _ratios():
+    """The presets' compute (measured achievable matmul) and HBM ratios, H200 over H100."""
+    from calib.analytic.specs import load_hardware
+
+    a, b = load_hardware("h100"), load_hardware("h200")
+    return b.mamf_tflops / a.mamf_tflops, b.hbm_tbps / a.hbm_tbps
+
+
+def test_memory_bound_kernels_move_between_the_compute_and_the_hbm_ratio():
+    """The same kernel bench on both GPUs (same SMs and clocks, 1.43x the HBM bandwidth):
+    copy 1.42x, mul 1.43, add 1.37, silu 1.30, gelu 1.10, FP8 cast 1.12, FP32 cast 1.09,
+    softmax 0.99, fused AdamW 1.31 (fp32) and 1.20 (bf16) -- each between the compute ratio
+    (1.0) and the HBM ratio, as a kernel at the lower of its two limits must be.  One kind
+    does not: torch's rms_norm ran 1.76x faster (2.05 TB/s on the H100 at every size; not
+    investigated).  The trace classes of the eight new twin runs agree: element-wise
+    1.16-1.33, optimizer 1.17-1.33, copies 1.09-1.19, memcpy 1.32-1.39; GEMMs and attention
+    0.99-1.05 (tests/test_h200_device.py for the first five twins)."""
+    fs, bs = _ratios()
+    a, b = _kernels(H100B), _kernels(H200B)
+    big = [k for k in a if k[1] in (1024, 4096, 128, 512)]  # past the L2 and the launch costs
+    outside = sorted({k[0] for k in big if not fs * 0.97 <= b[k] / a[k] <= bs * 1.03})
+    assert outside == ["rms_norm"], outside
+    assert min(b[k] / a[k] for k in big) < 1.02 and max(b[k] / a[k] for k in big if k[0] != "rms_norm") > 1.4
+
+
+def test_cross_gpu_twins_lie_inside_the_moved_interval(shipped_fit, tmp_path):
+    """The H100 fit moved to the H200 and the H200 fit moved to the H100 (presets' ratios):
+    the interval now holds both ends of the memory-bound kernels' transfer
+    (analytic.interval.sm_bound_transfer), and all 20 twin runs lie inside (4 of 12 outside
+    in the H100 -> H200 direction before).  Point errors, not changed: H100 -> H200 median
+    4.4 % on the nine first twins and 3.8 % on the three new; H200 -> H100 7.3 %."""
+    h200_fit = _fit(tmp_path, [(H200, n) for n in ("g125m-b8", "g760m-b8", "g2p7b-b4", "g1p3b-s2k-b2",
+                                                   "llama-d1024-l16")], "h200-hf", H200)  # fmt: skip
+    first = json.loads((H200 / "measured_steps.json").read_text())["runs"]
+    twins = [(shipped_fit, "h200", first, n) for n in ("g125m-b8", "g760m-b8", "g2p7b-b4", "g1p3b-s2k-b2",
+                                                         "llama-d1024-l16", "llama-bf16-d4096-s2k", "llama-d1024-s16k",
+                                                         "llama-d2048-s32k", "llama-gqa-d2048-s4k")]  # fmt: skip
+    twins += [
+        (shipped_fit, "h200", MEASURED_H200, n)
+        for n in ("g350m-b16", "llama-d1024-s8k-b2", "llama-d3072-s2k")
+    ]
+    twins += [(h200_fit, "h100", MEASURED, n) for n in (REPEAT, *NEW_DENSE)]
+    errs = {"h200": [], "h100": []}
+    for model, hw, measured, name in twins:
+        row, notes, m = _row(model, name, measured, hardware=hw)
+        meas = m["step_s_unprofiled_median"]
+        assert row["iter_s_lo"] <= meas <= row["iter_s_hi"], (
+            hw,
+            name,
+            row["iter_s_lo"],
+            meas,
+            row["iter_s_hi"],
+        )
+        assert any("between the compute ratio and the HBM ratio" in n for n in notes)
+        errs[hw].append(abs(row["iter_s"] / meas - 1.0))
+    assert np.median(errs["h200"]) <= 0.05 and np.median(errs["h100"]) <= 0.08, errs
