@@ -138,6 +138,9 @@ def test_moe_terms_from_one_run_carry_to_new_moe_shapes(tmp_path):
     errs = np.array([_row(hand, n, MEASURED)[0]["iter_s"] / MEASURED[n]["step_s_unprofiled_median"] - 1.0
                      for n in MOE_HELD])  # fmt: skip
     assert np.all((errs > -0.42) & (errs < -0.18)), errs
+    # and predict says which routing it used
+    assert any(n.startswith("MoE routing: hand count") for n in _row(hand, MOE_HELD[0], MEASURED)[1])
+    assert any("measured on mixtral-d1024-e8" in n for n in _row(h100, MOE_HELD[0], MEASURED)[1])
 
 
 def _kernels(folder: Path) -> dict:
