@@ -40,7 +40,7 @@ def sm_bound_transfer(system, dm):
     if abs(fs / bs - 1.0) < 1e-6:
         return None
     alt = dm.on(moved.peak_tflops, dm.hbm_tbps * fs, flops_ratio=fs)
-    return replace(alt, device=moved.device if moved.device != dm.device else system.hw.device)
+    return replace(alt, device=system.hw.device)  # already on the target: not moved again
 
 
 def iter_interval(model, system, st, iter_s) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
