@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Held-out errors of the device model on the real GPU runs recorded at stop 28
+(fixtures/traces/h100b, h200b), printed run by run: the figures that
+tests/test_h100b_device.py bounds, in one report.
+
+Splits (written before any prediction; SOURCE.txt there):
+  dense   the scoreboard's fit (the five shipped H100 runs + their GEMM bench) -> seven new
+          dense shapes and the host-bound repeat on a second H100 machine;
+  moe     MoE terms from mixtral-d1024-e8 alone -> five new MoE shapes (H100 and H200), and
+          the hand count (no MoE run in the fit) on the same shapes;
+  other   HF DeepSeek-V3 and Qwen2-MoE runs, never fitted;
+  cross   the H100 fit moved to the H200 and the H200 fit moved to the H100 (twin runs);
+  kernels the element-wise and AdamW bench, H200 over H100.
+
+Usage: python benchmarks/device_heldout.py [--section dense moe other cross kernels]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from calib.analytic.specs import ModelSpec
+
+from calib.api import SystemModel, ingest_run, load_runs
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
+REPLICAS = ("g125m-b8", "g760m-b8", "g2p7b-b4", "g1p3b-s2k-b2", "llama-d1024-l16")
+NEW_DENSE = ("g350m-b16", "llama-bf16-d4096-s2k", "llama-d1024-s16k", "llama-d1024-s8k-b2", "llama-d2048-s32k",
+             "llama-d3072-s2k", "llama-gqa-d2048-s4k")  # fmt: skip
+REPEAT = "llama-d1024-l16-repeat"
+MOE_HELD = ("mixtral-d1024-e8-top1", "mixtral-d1024-e32-top4", "mixtral-d1024-e64-top8", "mixtral-d2048-e8",
+            "mixtral-d1536-e16-s4k")  # fmt: skip
+H200_DENSE = (
+    *REPLICAS,
+    "llama-bf16-d4096-s2k",
+    "llama-d1024-s16k",
+    "llama-d2048-s32k",
+    "llama-gqa-d2048-s4k",
+)
+OTHER = ("dsv3-d1024-e64-top6", "qwen2moe-d1024-e60-top4", "dsv3-d2048-e32-top4")
+
+
+def measured(folder: str) -> dict:
+    return json.loads((FIX / folder / "measured_steps.json").read_text())["runs"]
+
+
+def fit(runs, system: str, bench: str) -> SystemModel:
+    """A fit of ``runs`` ((folder, name) pairs) with ``bench``'s GEMM bench, in a scratch store."""
+    store = Path(tempfile.mkdtemp(prefix="calib-heldout-"))
+    try:
+        for folder, name in runs:
+            ingest_run(FIX / folder / "runs" / name, system=system, store=store)
+        for b in (FIX / bench / "gemm-bench").iterdir():
+            shutil.copytree(b, store / system / "runs" / b.name)
+        return SystemModel().fit(load_runs(system=system, store=store))
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def spec(name: str, sh: dict) -> ModelSpec:
+    """The run's model as a user would write it (the presets' fields)."""
+    if "ffn" not in sh:  # HF GPT-2
+        return ModelSpec(name, sh["d"], sh["l"], sh["a"], sh["s"], sh["V"], dropout=False)
+    kw = dict(ffn=sh["ffn"], mlp="swiglu", tied_embeddings=False, dropout=False)
+    if name.startswith("dsv3"):  # MLA, shared experts, a leading dense layer
+        kw.update(n_experts=sh["E"], top_k=sh["topk"], expert_ffn=sh["effn"], shared_experts=sh["shared"],
+                  dense_layers=sh["dense"], qk_head_dim=sh["nope"] + sh["rope"], v_head_dim=sh["vh"],
+                  q_lora_rank=sh["qr"], kv_lora_rank=sh["kvr"], qk_rope_head_dim=sh["rope"])  # fmt: skip
+    elif "shffn" in sh:  # Qwen2-MoE: the shared expert as shared experts of the routed width
+        kw.update(kv_heads=sh["kv"], n_experts=sh["E"], top_k=sh["topk"], expert_ffn=sh["effn"],
+                  shared_experts=sh["shffn"] // sh["effn"])  # fmt: skip
+    else:
+        kw.update(kv_heads=sh["kv"])
+        if "E" in sh:
+            kw.update(n_experts=sh["E"], top_k=sh["topk"], expert_ffn=sh["ffn"])
+    return ModelSpec(name, sh["d"], sh["l"], sh["a"], sh["s"], sh["V"], **kw)
+
+
+def report(title: str, model: SystemModel, names, runs: dict, **kw) -> list[float]:
+    """One line per run: measured, predicted, 90 % interval, error, peak memory."""
+    print(f"\n{title}")
+    errs = []
+    for name in names:
+        m = runs[name]
+        sh, meas = m["shape"], m["step_s_unprofiled_median"]
+        row = model.predict(
+            spec(name, sh), gpus=[1], micro_batch=sh["b"], flash_attention=True, **kw
+        ).table.iloc[0]
+        err = row["iter_s"] / meas - 1.0
+        inside = "inside " if row["iter_s_lo"] <= meas <= row["iter_s_hi"] else "OUTSIDE"
+        mem = row["mem_total_gb"] / m["peak_mem_gb"] - 1.0
+        print(f"  {name:30s} measured {meas * 1e3:7.1f} ms  predicted {row['iter_s'] * 1e3:7.1f}"
+              f" [{row['iter_s_lo'] * 1e3:6.1f}, {row['iter_s_hi'] * 1e3:6.1f}] {inside} {err * 100:+6.1f} %"
+              f"  memory {mem * 100:+5.1f} %")  # fmt: skip
+        errs.append(abs(err))
+    print(
+        f"  median |error| {np.median(errs) * 100:.1f} %, max {max(errs) * 100:.1f} % over {len(errs)} runs"
+    )
+    return errs
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--section", nargs="*", default=["dense", "moe", "other", "cross", "kernels"])
+    sections = set(ap.parse_args(argv).section)
+    h100b, h200b = measured("h100b"), measured("h200b")
+    h200 = measured("h200")
+    if sections & {"dense", "cross"}:
+        shipped = fit([("h100", n) for n in REPLICAS], "h100-hf", "h100")
+    h100b_dense = [("h100b", n) for n in (REPEAT, *NEW_DENSE)]
+    if "dense" in sections:
+        report("dense: the shipped H100 fit on a second H100's new shapes (held out)", shipped,
+               (*NEW_DENSE, REPEAT), h100b)  # fmt: skip
+    if "moe" in sections or "other" in sections:
+        moe100 = fit([*h100b_dense, ("h100b", "mixtral-d1024-e8")], "h100-hf", "h100")
+    if "moe" in sections:
+        report("moe: terms from mixtral-d1024-e8, H100 (held out)", moe100, MOE_HELD, h100b)
+        moe200 = fit([*(("h200", n) for n in H200_DENSE), ("h200", "mixtral-d1024-e8")], "h200-hf", "h200")
+        report("moe: terms from mixtral-d1024-e8, H200 (held out)", moe200, MOE_HELD, h200b)
+        report("moe: the hand count, no MoE run in the fit (H100)", fit(h100b_dense, "h100-hf", "h100"), MOE_HELD,
+               h100b)  # fmt: skip
+    if "other" in sections:
+        report("other: HF DeepSeek-V3 and Qwen2-MoE, never fitted (H100)", moe100, OTHER, h100b)
+    if "cross" in sections:
+        report("cross: the H100 fit moved to the H200", shipped, H200_DENSE, h200, hardware="h200")
+        report("cross: the H100 fit moved to the H200 (new twins)", shipped,
+               ("g350m-b16", "llama-d1024-s8k-b2", "llama-d3072-s2k"), h200b, hardware="h200")  # fmt: skip
+        h200fit = fit([("h200", n) for n in REPLICAS], "h200-hf", "h200")
+        report("cross: the H200 fit moved to the H100", h200fit, (REPEAT, *NEW_DENSE), h100b, hardware="h100")
+    if "kernels" in sections:
+        a, b = (json.loads((FIX / f / "measured_steps.json").read_text())["kernels"]["bandwidth"]
+                for f in ("h100b", "h200b"))  # fmt: skip
+        print("\nkernels: bandwidth counting reads and writes, H100 -> H200 (HBM ratio 1.43, same SMs)")
+        for x, y in zip(a, b):
+            size = f"{x['mib']} MiB" if "mib" in x else f"{x['mparams']} M params"
+            print(
+                f"  {x['kind']:22s} {size:>13s}  {x['gbps']:6.0f} -> {y['gbps']:6.0f} GB/s  x{y['gbps'] / x['gbps']:.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()
