@@ -9,10 +9,11 @@ Splits (written before any prediction; SOURCE.txt there):
   moe     MoE terms from mixtral-d1024-e8 alone -> five new MoE shapes (H100 and H200), and
           the hand count (no MoE run in the fit) on the same shapes;
   other   HF DeepSeek-V3 and Qwen2-MoE runs, never fitted;
+  fp8     each eager FP8 run of the second H100 predicted from a fit with the other;
   cross   the H100 fit moved to the H200 and the H200 fit moved to the H100 (twin runs);
   kernels the element-wise and AdamW bench, H200 over H100.
 
-Usage: python benchmarks/device_heldout.py [--section dense moe other cross kernels]
+Usage: python benchmarks/device_heldout.py [--section dense moe other fp8 cross kernels]
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def report(title: str, model: SystemModel, names, runs: dict, **kw) -> list[floa
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--section", nargs="*", default=["dense", "moe", "other", "cross", "kernels"])
+    ap.add_argument("--section", nargs="*", default=["dense", "moe", "other", "fp8", "cross", "kernels"])
     sections = set(ap.parse_args(argv).section)
     h100b, h200b = measured("h100b"), measured("h200b")
     h200 = measured("h200")
@@ -126,6 +127,17 @@ def main(argv=None) -> None:
                h100b)  # fmt: skip
     if "other" in sections:
         report("other: HF DeepSeek-V3 and Qwen2-MoE, never fitted (H100)", moe100, OTHER, h100b)
+    if "fp8" in sections:
+        a, b = "llama-fp8-d2048-s4k", "llama-fp8-d4096-s2k"
+        for train, held in ((a, b), (b, a)):
+            model = fit([*h100b_dense, ("h100b", train)], "h100-hf", "h100")
+            report(
+                f"fp8: eager FP8 casts and GEMM speed-up from {train} (held out)",
+                model,
+                (held,),
+                h100b,
+                fp8=True,
+            )
     if "cross" in sections:
         report("cross: the H100 fit moved to the H200", shipped, H200_DENSE, h200, hardware="h200")
         report("cross: the H100 fit moved to the H200 (new twins)", shipped,
