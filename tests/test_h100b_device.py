@@ -18,10 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calib.api import SystemModel, load_runs
-from tests.test_h200_device import _store  # ingest runs + a GEMM bench into a store
-
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "fixtures" / "traces"
 H100, H100B, H200, H200B = (FIX / n for n in ("h100", "h100b", "h200", "h200b"))
 SHIPPED = json.loads((H100 / "measured_steps.json").read_text())["runs"]
 MEASURED = json.loads((H100B / "measured_steps.json").read_text())["runs"]
@@ -37,14 +35,23 @@ MOE_HELD = ("mixtral-d1024-e8-top1", "mixtral-d1024-e32-top4", "mixtral-d1024-e6
             "mixtral-d1536-e16-s4k")  # fmt: skip
 
 
-def _spec(name: str, sh: dict):
-    from calib.analytic.specs import ModelSpec
+def _report_module():
+    """benchmarks/device_heldout.py, whose fit and model specs the tests share."""
+    import importlib.util
 
-    if "ffn" not in sh:  # GPT-2: GeLU MLP, tied head
-        return ModelSpec(name, sh["d"], sh["l"], sh["a"], sh["s"], sh["V"], dropout=False)
-    moe = dict(n_experts=sh["E"], top_k=sh["topk"], expert_ffn=sh["ffn"]) if "E" in sh else {}
-    return ModelSpec(name, sh["d"], sh["l"], sh["a"], sh["s"], sh["V"], ffn=sh["ffn"], kv_heads=sh["kv"],
-                     mlp="swiglu", tied_embeddings=False, dropout=False, **moe)  # fmt: skip
+    spec = importlib.util.spec_from_file_location("device_heldout", ROOT / "benchmarks" / "device_heldout.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BENCH = _report_module()
+_spec = BENCH.spec  # a run's model as a user would write it
+
+
+def _fit(runs, system: str, bench: Path):
+    """A fit of ``runs`` ((folder, name) pairs) with ``bench``'s GEMM bench."""
+    return BENCH.fit([(folder.name, name) for folder, name in runs], system, bench.name)
 
 
 def _row(model, name: str, measured: dict, **kw):
@@ -54,13 +61,12 @@ def _row(model, name: str, measured: dict, **kw):
 
 
 @pytest.fixture(scope="module")
-def shipped_fit(tmp_path_factory):
-    store = _store(tmp_path_factory.mktemp("h100"), H100, "h100-hf", sorted(SHIPPED))
-    return SystemModel().fit(load_runs(system="h100-hf", store=store))
+def shipped_fit():
+    return _fit([(H100, n) for n in sorted(SHIPPED)], "h100-hf", H100)
 
 
 def test_the_second_machine_repeats_the_gpu_bound_run_and_not_the_host_bound_one():
-    """g760m-b8 (GPU-bound, 2.7 G FLOP per token) ran 219.8 ms on the second H100 against
+    """g760m-b8 (GPU-bound) ran 219.8 ms on the second H100 against
     219.6 ms on the first; the Llama run of many small kernels 65.6 against 81.9 ms (its
     host issues 25 % faster; the H200 machine's host: 66.1 ms)."""
     assert MEASURED["g760m-b8-repeat"]["step_s_unprofiled_median"] == pytest.approx(
@@ -99,31 +105,18 @@ def test_a_host_bound_step_on_another_host_lies_inside_its_interval(shipped_fit)
     assert any("the traced host's" in n for n in notes)
 
 
-def _fit(tmp: Path, runs, system: str, bench: Path):
-    """A fit of ``runs`` ((folder, name) pairs) with ``bench``'s GEMM bench."""
-    import shutil
-
-    from calib.api import ingest_run
-
-    for src, name in runs:
-        ingest_run(src / "runs" / name, system=system, store=tmp)
-    for b in (bench / "gemm-bench").iterdir():
-        shutil.copytree(b, tmp / system / "runs" / b.name)
-    return SystemModel().fit(load_runs(system=system, store=tmp))
-
-
-def test_moe_terms_from_one_run_carry_to_new_moe_shapes(tmp_path):
+def test_moe_terms_from_one_run_carry_to_new_moe_shapes():
     """MoE terms measured on mixtral-d1024-e8 alone (beside the same machine's dense runs)
     predict the five held-out MoE shapes: on the H100 -1.6, -2.3, +1.1, -2.0, -1.9 %; on the
     H200 +9.3 (top-1, host-bound there), -3.4, -3.7, -2.8, -1.6 %; each inside its interval.
     The hand count used without an MoE trace is 20-40 % fast on HF's grouped experts (its
     masks and copies), and peak memory is within 1 %."""
     h100_dense = [(H100B, n) for n in (REPEAT, *NEW_DENSE)]
-    h100 = _fit(tmp_path / "a", [*h100_dense, (H100B, MOE_DEV)], "h100-hf", H100)
+    h100 = _fit([*h100_dense, (H100B, MOE_DEV)], "h100-hf", H100)
     h200_dense = [(H200, n) for n in ("g125m-b8", "g760m-b8", "g2p7b-b4", "g1p3b-s2k-b2", "llama-d1024-l16",
                                       "llama-bf16-d4096-s2k", "llama-d1024-s16k", "llama-d2048-s32k",
                                       "llama-gqa-d2048-s4k")]  # fmt: skip
-    h200 = _fit(tmp_path / "b", [*h200_dense, (H200, MOE_DEV)], "h200-hf", H200)
+    h200 = _fit([*h200_dense, (H200, MOE_DEV)], "h200-hf", H200)
     assert h100.device_model_.moe.runs == (MOE_DEV,) and h200.device_model_.moe.runs == (MOE_DEV,)
     for model, measured, med, worst in ((h100, MEASURED, 0.025, 0.03), (h200, MEASURED_H200, 0.04, 0.10)):
         errs = []
@@ -135,7 +128,7 @@ def test_moe_terms_from_one_run_carry_to_new_moe_shapes(tmp_path):
             assert row["iter_s_lo"] <= m["step_s_unprofiled_median"] <= row["iter_s_hi"], name
         errs = np.abs(errs)
         assert np.median(errs) <= med and errs.max() <= worst, errs
-    hand = _fit(tmp_path / "c", h100_dense, "h100-hf", H100)  # no MoE trace: the hand count
+    hand = _fit(h100_dense, "h100-hf", H100)  # no MoE trace: the hand count
     assert hand.device_model_.moe is None
     errs = np.array([_row(hand, n, MEASURED)[0]["iter_s"] / MEASURED[n]["step_s_unprofiled_median"] - 1.0
                      for n in MOE_HELD])  # fmt: skip
@@ -175,13 +168,13 @@ def test_memory_bound_kernels_move_between_the_compute_and_the_hbm_ratio():
     assert min(b[k] / a[k] for k in big) < 1.02 and max(b[k] / a[k] for k in big if k[0] != "rms_norm") > 1.4
 
 
-def test_cross_gpu_twins_lie_inside_the_moved_interval(shipped_fit, tmp_path):
+def test_cross_gpu_twins_lie_inside_the_moved_interval(shipped_fit):
     """The H100 fit moved to the H200 and the H200 fit moved to the H100 (presets' ratios):
     the interval now holds both ends of the memory-bound kernels' transfer
     (analytic.interval.sm_bound_transfer), and all 20 twin runs lie inside (4 of 12 outside
     in the H100 -> H200 direction before).  Point errors, not changed: H100 -> H200 median
     4.4 % on the nine first twins and 3.8 % on the three new; H200 -> H100 7.3 %."""
-    h200_fit = _fit(tmp_path, [(H200, n) for n in ("g125m-b8", "g760m-b8", "g2p7b-b4", "g1p3b-s2k-b2",
+    h200_fit = _fit([(H200, n) for n in ("g125m-b8", "g760m-b8", "g2p7b-b4", "g1p3b-s2k-b2",
                                                    "llama-d1024-l16")], "h200-hf", H200)  # fmt: skip
     first = json.loads((H200 / "measured_steps.json").read_text())["runs"]
     twins = [(shipped_fit, "h200", first, n) for n in ("g125m-b8", "g760m-b8", "g2p7b-b4", "g1p3b-s2k-b2",
@@ -208,7 +201,7 @@ def test_cross_gpu_twins_lie_inside_the_moved_interval(shipped_fit, tmp_path):
     assert np.median(errs["h200"]) <= 0.05 and np.median(errs["h100"]) <= 0.08, errs
 
 
-def test_compiled_runs_held_out_on_the_second_h100(tmp_path):
+def test_compiled_runs_held_out_on_the_second_h100():
     """Every second-H100 run but three held out (the H200 split of tests/test_device_compile.py):
     the FP8 GEMM speed-up measured on the eager FP8 runs is 1.81 +- 0.06 (the H200's 1.78);
     the FP8 + compiled runs -6.8 and +6.2 %; the compiled Mixtral +7.4 % with the MoE routing
@@ -218,7 +211,7 @@ def test_compiled_runs_held_out_on_the_second_h100(tmp_path):
     held = ("llama-fp8-compiled-d2048-s4k", "llama-fp8-compiled-d4096-s2k", "mixtral-compiled-d1024-e8")
     runs = [(H100B, n) for n in sorted(MEASURED) if n not in held and MEASURED[n]["call"] < 4]  # as split
     runs = [r for r in runs if (H100B / "runs" / r[1]).is_dir()]
-    model = _fit(tmp_path, runs, "h100-hf", H100)
+    model = _fit(runs, "h100-hf", H100)
     sp = model.device_model_.fp8_gemm_speedup
     assert abs(sp.value - 1.78) <= 2 * sp.stderr and sp.stderr <= 0.1, sp
     for name, bound in zip(held, (0.07, 0.07, 0.08)):
@@ -228,20 +221,7 @@ def test_compiled_runs_held_out_on_the_second_h100(tmp_path):
         assert any("torch.compile: the swiglu/bf16/compiled family" in n for n in notes)
 
 
-def _other_moe_spec(name: str, sh: dict):
-    from calib.analytic.specs import ModelSpec
-
-    base = dict(ffn=sh["ffn"], mlp="swiglu", tied_embeddings=False, dropout=False, n_experts=sh["E"],
-                top_k=sh["topk"], expert_ffn=sh["effn"])  # fmt: skip
-    if name.startswith("dsv3"):  # multi-head latent attention, shared experts, a leading dense layer
-        return ModelSpec(name, sh["d"], sh["l"], sh["a"], sh["s"], sh["V"], **base, shared_experts=sh["shared"],
-                         dense_layers=sh["dense"], qk_head_dim=sh["nope"] + sh["rope"], v_head_dim=sh["vh"],
-                         q_lora_rank=sh["qr"], kv_lora_rank=sh["kvr"], qk_rope_head_dim=sh["rope"])  # fmt: skip
-    return ModelSpec(name, sh["d"], sh["l"], sh["a"], sh["s"], sh["V"], **base, kv_heads=sh["kv"],
-                     shared_experts=sh["shffn"] // sh["effn"])  # fmt: skip
-
-
-def test_other_moe_implementations_never_fitted(tmp_path):
+def test_other_moe_implementations_never_fitted():
     """HF's DeepSeek-V3 (MLA, shared experts, a dense first layer) and Qwen2-MoE (a gated
     shared expert) at three shapes, predicted from the second H100's dense runs and the
     Mixtral MoE terms -- another implementation of the routing, never fitted.  The specs
@@ -250,11 +230,11 @@ def test_other_moe_implementations_never_fitted(tmp_path):
     -5.5 %, each inside its interval; peak memory -5, +2, -5 %."""
     from calib.analytic import moe as MOE
 
-    model = _fit(tmp_path, [(H100B, n) for n in (REPEAT, *NEW_DENSE, MOE_DEV)], "h100-hf", H100)
+    model = _fit([(H100B, n) for n in (REPEAT, *NEW_DENSE, MOE_DEV)], "h100-hf", H100)
     for name in ("dsv3-d1024-e64-top6", "qwen2moe-d1024-e60-top4", "dsv3-d2048-e32-top4"):
         m = MEASURED[name]
         sh, meas = m["shape"], m["step_s_unprofiled_median"]
-        spec = _other_moe_spec(name, sh)
+        spec = _spec(name, sh)
         assert MOE.total_and_active_params(spec)[0] == pytest.approx(m["params"], rel=1e-4), name
         row = model.predict(spec, gpus=[1], micro_batch=sh["b"], flash_attention=True).table.iloc[0]
         assert abs(row["iter_s"] / meas - 1.0) <= 0.08, (name, row["iter_s"], meas)
@@ -265,30 +245,24 @@ def test_other_moe_implementations_never_fitted(tmp_path):
 def test_the_held_out_report_prints_the_kernel_ratios(capsys):
     """benchmarks/device_heldout.py prints every figure above run by run; its kernel section
     reads the two benches (copy at 4 GiB: 3,027 -> 4,302 GB/s, x1.42)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "device_heldout.py"
-    mod = importlib.util.spec_from_file_location("device_heldout", path)
-    bench = importlib.util.module_from_spec(mod)
-    mod.loader.exec_module(bench)
-    bench.main(["--section", "kernels"])
+    BENCH.main(["--section", "kernels"])
     out = capsys.readouterr().out
     copy = next(line for line in out.splitlines() if line.split()[:3] == ["copy", "4096", "MiB"])
     assert copy.split()[-1] == "x1.42", copy
 
 
-def test_each_eager_fp8_run_from_the_other(tmp_path):
+def test_each_eager_fp8_run_from_the_other():
     """The second H100's eager FP8 runs (unfused per-op casts), each predicted from a fit with
     the other beside the dense runs: -1.5 and -2.5 % (the H200's: -1.8 %), memory +2 %.
     Without an FP8 run the stated default (Transformer Engine's fused casts) is about 46 %
     fast on them, as its note warns."""
     dense = [(H100B, n) for n in (REPEAT, *NEW_DENSE)]
     a, b = "llama-fp8-d2048-s4k", "llama-fp8-d4096-s2k"
-    for i, (train, held) in enumerate(((a, b), (b, a))):
-        model = _fit(tmp_path / str(i), [*dense, (H100B, train)], "h100-hf", H100)
+    for train, held in ((a, b), (b, a)):
+        model = _fit([*dense, (H100B, train)], "h100-hf", H100)
         row, _, m = _row(model, held, MEASURED, fp8=True)
         assert abs(row["iter_s"] / m["step_s_unprofiled_median"] - 1.0) <= 0.03, held
         assert abs(row["mem_total_gb"] / m["peak_mem_gb"] - 1.0) <= 0.03, held
-    row, notes, m = _row(_fit(tmp_path / "none", dense, "h100-hf", H100), a, MEASURED, fp8=True)
+    row, notes, m = _row(_fit(dense, "h100-hf", H100), a, MEASURED, fp8=True)
     assert -0.5 <= row["iter_s"] / m["step_s_unprofiled_median"] - 1.0 <= -0.4
     assert any("can make FP8 slower than bf16" in n for n in notes)
