@@ -107,7 +107,8 @@ def report(title: str, model: SystemModel, names, runs: dict, **kw) -> list[floa
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--section", nargs="*", default=["dense", "moe", "other", "fp8", "cross", "kernels"])
+    names = ["dense", "moe", "other", "fp8", "cross", "kernels"]
+    ap.add_argument("--section", nargs="*", default=names, choices=names)
     sections = set(ap.parse_args(argv).section)
     h100b, h200b = measured("h100b"), measured("h200b")
     h200 = measured("h200")
