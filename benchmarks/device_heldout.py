@@ -9,11 +9,13 @@ Splits (written before any prediction; SOURCE.txt there):
   moe     MoE terms from mixtral-d1024-e8 alone -> five new MoE shapes (H100 and H200), and
           the hand count (no MoE run in the fit) on the same shapes;
   other   HF DeepSeek-V3 and Qwen2-MoE runs, never fitted;
+  moe-from  every MoE run of the second H100 predicted from the terms of one run of each
+          implementation (Mixtral, DeepSeek-V3, Qwen2-MoE): how far one stack's terms carry;
   fp8     each eager FP8 run of the second H100 predicted from a fit with the other;
   cross   the H100 fit moved to the H200 and the H200 fit moved to the H100 (twin runs);
   kernels the element-wise and AdamW bench, H200 over H100.
 
-Usage: python benchmarks/device_heldout.py [--section dense moe other fp8 cross kernels]
+Usage: python benchmarks/device_heldout.py [--section dense moe other moe-from fp8 cross kernels]
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def report(title: str, model: SystemModel, names, runs: dict, **kw) -> list[floa
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    names = ["dense", "moe", "other", "fp8", "cross", "kernels"]
+    names = ["dense", "moe", "other", "moe-from", "fp8", "cross", "kernels"]
     ap.add_argument("--section", nargs="*", default=names, choices=names)
     sections = set(ap.parse_args(argv).section)
     h100b, h200b = measured("h100b"), measured("h200b")
@@ -128,6 +130,11 @@ def main(argv=None) -> None:
                h100b)  # fmt: skip
     if "other" in sections:
         report("other: HF DeepSeek-V3 and Qwen2-MoE, never fitted (H100)", moe100, OTHER, h100b)
+    if "moe-from" in sections:
+        for one in ("mixtral-d1024-e8", "dsv3-d1024-e64-top6", "qwen2moe-d1024-e60-top4"):
+            model = fit([*h100b_dense, ("h100b", one)], "h100-hf", "h100")
+            every = [n for n in ("mixtral-d1024-e8", *MOE_HELD, *OTHER) if n != one]
+            report(f"moe-from: the MoE terms of {one} alone, every other MoE run (H100)", model, every, h100b)
     if "fp8" in sections:
         a, b = "llama-fp8-d2048-s4k", "llama-fp8-d4096-s2k"
         for train, held in ((a, b), (b, a)):
