@@ -125,14 +125,16 @@ def compile_fusion(dm: DeviceModel, fam: Family) -> tuple[float, float, float]:
     )
 
 
-def moe_routed_s(dm: DeviceModel, fam: Family, routed, d, f_e, mats, passes_fwd, scale=1.0) -> np.ndarray:
+def moe_routed_s(dm: DeviceModel, fam: Family, routed, d, f_e, mats, passes_fwd, scale=1.0, shared_tw=0.0) -> np.ndarray:  # fmt: skip
     """Seconds of one MoE layer's routed experts per micro-batch: the expert GEMMs on the
     fitted roofline (a grouped GEMM over the ``routed`` rows as one GEMM of them, times the
     traced grouped kernels' measured slowdown where an MoE run was traced),
     and the routing work at the family's bandwidth -- the traced implementation's
     (``dm.moe``, calibrate.device_moe) or, untraced, the hand count (analytic.moe: eight
     2-byte passes over the routed rows of width d) plus the dense family's ffn bytes on the
-    routed rows, a stated default."""
+    routed rows, a stated default.  ``shared_tw``: tokens x total width of the shared
+    experts, dense MLPs whose element-wise work streams the family's ffn bytes (their GEMMs
+    are analytic.modern.moe_layer_s's)."""
     from calib.analytic.moe import DISPATCH_PASSES
 
     R, d, f_e = (np.asarray(x, dtype=float) for x in (routed, d, f_e))
@@ -158,18 +160,24 @@ def moe_routed_s(dm: DeviceModel, fam: Family, routed, d, f_e, mats, passes_fwd,
     stream = (
         (np.asarray(passes_fwd, dtype=float) + 2.0)
         / 3.0
-        * (R * per_row / (D._bw(dm, fam) * 1e12) + kernels * D._t0(dm, fam))
+        * (
+            (R * per_row + fam.bytes_ffn.value * shared_tw) / (D._bw(dm, fam) * 1e12)
+            + kernels * D._t0(dm, fam)
+        )
     )
     return gemm + stream
 
 
-def moe_device_s(system, model, st, routed, d, f_e, mats, passes_fwd, cast_bytes) -> np.ndarray:
+def moe_device_s(
+    system, model, st, routed, d, f_e, mats, passes_fwd, cast_bytes, shared_tw=0.0
+) -> np.ndarray:
     """:func:`moe_routed_s` for ``model`` on ``system``'s device model, FP8 GEMMs at the
     traced (or datasheet) speed-up, and the experts' FP8 casts at the family's bandwidth."""
     dm = system.device_model
     fam, _ = dm.family(str(model.shape_extras["mlp"]))
     r8 = np.where(st.fp8, fp8_speedup(dm, system.hw), 1.0)
-    return moe_routed_s(dm, fam, routed, d, f_e, mats, passes_fwd, r8) + cast_bytes / (D._bw(dm, fam) * 1e12)
+    routed_s = moe_routed_s(dm, fam, routed, d, f_e, mats, passes_fwd, r8, shared_tw)
+    return routed_s + cast_bytes / (D._bw(dm, fam) * 1e12)
 
 
 def host_s(dm: DeviceModel, fam: Family, layers, microbatches, moe_share=0.0) -> np.ndarray:

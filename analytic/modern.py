@@ -250,7 +250,10 @@ def moe_layer_s(model, system, st, b, s_loc, d, t, mats, rc, eff_fn, peak) -> np
     if system.device_model is not None:  # the routed part on the device model's roofline
         from calib.analytic.device_path import moe_device_s
 
-        return shared + moe_device_s(system, model, st, routed_tok, d, mo["f_e"], mats, passes - 2.0, casts)
+        sh_tw = T * mo["n_sh"] * mo["f_e"]  # the shared experts' element-wise work (dense MLPs)
+        return shared + moe_device_s(
+            system, model, st, routed_tok, d, mo["f_e"], mats, passes - 2.0, casts, sh_tw
+        )
     x_e = MOE.expert_gemm_flops(T, mo["k"], mo["cap"], st.ep.astype(float), mo["E"], d, mo["f_e"])
     routed = load * fl["routed"] / (lin_peak * eff_fn(x_e))
     nbytes = MOE.DISPATCH_PASSES * routed_tok * d * F.BYTES_PER_VALUE

@@ -22,7 +22,7 @@ from calib.core.rundir import Run
 
 #: kernel classes timed by their own terms (not the streamed-bytes term)
 OWN_TERMS = ("gemm", "attention", "optimizer", "memcpy")
-GROUPS = ("d", "ffn", "vocab", "param", "embed", "unsized")
+GROUPS = ("d", "ffn", "expert", "vocab", "param", "embed", "unsized")
 SWIGLU_OPS = ("aten::silu", "aten::silu_", "aten::silu_backward")
 
 
@@ -59,6 +59,13 @@ class RunFacts:
     top_k: int = 0
     #: routed experts of an MoE run as the capture states them (``E``); 0 when not stated
     experts: int = 0
+    #: an MoE run's expert MLP width as the capture states it (``effn``); 0: as wide as ``ffn``
+    expert_ffn: int = 0
+    #: total width of the shared experts every token passes (``shared`` x ``effn``, or
+    #: Qwen2-MoE's one shared MLP ``shffn``); 0: none
+    shared_ffn: int = 0
+    #: leading layers with a dense MLP (``dense``; DeepSeek-V3's first three)
+    dense_layers: int = 0
 
     @property
     def T(self) -> int:
@@ -122,16 +129,18 @@ def facts(run: Run) -> RunFacts | None:
         else pd.DataFrame(columns=[*keys, "dur_s", "count"])
     )
     shapes["count"] = shapes["count"] / per_it
+    top_k, effn = _int(m, "topk") or _top_k(g, b * s), _int(m, "effn") or 0
     return RunFacts(
         name=run.meta.name, d=d, L=L, a=a, kv=kv, ffn=int(ffn), s=s, V=V, b=b, mlp=mlp, weights=weights,
         params=float(params), tied=bool(tied), step_s=_pos(measured.get("step_s_unprofiled")),
         peak_mem_bytes=_pos(measured.get("peak_mem_bytes")), wall_s=float(row["wall_s"]),
         busy_s=float(row["compute_busy_s"]), class_s={str(k): float(v) for k, v in class_s.items()},
-        groups=_groups(ops, b * s, d, int(ffn), V, float(params)),
+        groups=_groups(ops, b * s, d, int(ffn), V, float(params), top_k * b * s, effn),
         host_ops=float(host["n_host_ops"].iloc[0]) if len(host) else float("nan"),
         host_issue_s=float(host["host_issue_s"].iloc[0]) if len(host) else float("nan"),
         gemms=shapes, flagged=frozenset(flagged_classes(run.meta.notes)), variant=variant(names, g, _int(m, "E") or 0),
-        top_k=_int(m, "topk") or _top_k(g, b * s), experts=_int(m, "E") or 0,
+        top_k=top_k, experts=_int(m, "E") or 0, expert_ffn=effn, dense_layers=_int(m, "dense") or 0,
+        shared_ffn=_int(m, "shffn") or (_int(m, "shared") or 0) * (effn or int(ffn)),
     )  # fmt: skip
 
 
@@ -186,18 +195,27 @@ def _ffn_from_gemms(g: pd.DataFrame, d: int, tokens: int, V: int) -> int | None:
     return int(dims.value_counts().idxmax()) if len(dims) else None
 
 
-def _groups(ops: pd.DataFrame, T: int, d: int, ffn: int, V: int, params: float) -> pd.DataFrame:
-    """Memory-bound kernels grouped by the tensor they stream (largest input's width)."""
+def _groups(ops: pd.DataFrame, T: int, d: int, ffn: int, V: int, params: float, routed: int = 0, f_e: int = 0) -> pd.DataFrame:  # fmt: skip
+    """Memory-bound kernels grouped by the tensor they stream (largest input's width).  An MoE
+    run whose experts are narrower than ``ffn`` (``f_e``) has an "expert" group: tensors of the
+    ``routed`` = k T rows whose last width is a multiple of f_e and not of d (a width both
+    divide stays "d": the trace cannot tell them apart)."""
     mb = ops[~ops["kernel_class"].isin(OWN_TERMS)]
     # memsets zero buffers of the op that launched them: their bytes are not its inputs
     numel = np.where(mb["kernel_class"].to_numpy() == "memset", 0, mb["numel"].to_numpy(np.int64))
     lead = mb["lead"].to_numpy(np.int64) if "lead" in mb else numel
     per_tok = (numel % T == 0) & (lead % T == 0)
     width = np.where(per_tok, numel // max(T, 1), 0)
+    last = numel // np.maximum(lead, 1)
+    expert = (
+        per_tok & (lead == routed) & (last % f_e == 0) & (last % d != 0)
+        if routed > 0 and f_e > 0 and f_e != ffn
+        else np.zeros(len(numel), dtype=bool)
+    )
     grp = np.select(
-        [numel == 0, per_tok & (width % V == 0), per_tok & (width % ffn == 0), per_tok,
+        [numel == 0, per_tok & (width % V == 0), expert, per_tok & (width % ffn == 0), per_tok,
          (numel % V == 0) & (numel // max(V, 1) <= 2 * d)],
-        ["unsized", "vocab", "ffn", "d", "embed"],
+        ["unsized", "vocab", "expert", "ffn", "d", "embed"],
         "param",
     )  # fmt: skip
     df = pd.DataFrame(

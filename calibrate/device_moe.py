@@ -15,9 +15,10 @@ its MLP kind and precision:
   d-wide work (kernels without a width converted at the family's bandwidth, as
   ``device_fit.fit_families`` does);
 * ``bytes_ffn``: bytes per routed token per unit of f_e (where the dense family streams
-  its ``bytes_ffn`` per token per unit of ffn);
+  its ``bytes_ffn`` per token per unit of ffn; the run's dense layers and shared experts
+  are dense MLPs and their share at that rate is taken out first);
 * ``kernels_layer``, ``host_ops_layer``: memory-bound kernels and host operators per MoE
-  layer beyond the dense family's;
+  layer (the capture's ``dense`` leading layers do not route) beyond the dense family's;
 * ``grouped_gemm_scale``: the traced grouped expert GEMMs' time over the dense roofline's
   for the same shapes (per-expert tiles and tails: a grouped GEMM is not one GEMM of its
   rows).
@@ -49,27 +50,47 @@ def moe_runs(runs: Sequence[RunFacts]) -> list[RunFacts]:
 
 
 def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
-    """One MoE run's streamed bytes, kernels and host operators beyond its dense family,
-    per routed token and unit of width, or per MoE layer (every layer of the run routes)."""
+    """One MoE run's streamed bytes, kernels and host operators beyond its dense family, per
+    routed token and unit of width, or per MoE layer.  The run's dense layers and its shared
+    experts are dense MLPs (of width ffn and ``shared_ffn``): the family's ffn bytes on them
+    are subtracted before the routed rows' share is taken."""
     from calib.calibrate.device_fit import unsized_bytes
 
     fam, _ = dm.family(f.mlp, f.weights, compiled=False)
     gr = f.groups
     bw, t0 = D._bw(dm, fam), D._t0(dm, fam)
     unsized = unsized_bytes(gr, bw, t0)  # as the dense families count them
+    L_moe = max(f.L - f.dense_layers, 1)
+    f_e = f.expert_ffn or f.ffn
     routed = float(f.T * f.top_k)
-    dense_d = fam.bytes_d.value * f.d * f.T * f.L
+    # the shared experts' tensors land in the ffn group when their width is a multiple of
+    # ffn (device_facts._groups), else in the d group: their dense-MLP bytes leave that group
+    shared = fam.bytes_ffn.value * f.T * f.shared_ffn * L_moe
+    sh_ffn = f.shared_ffn > 0 and f.shared_ffn % f.ffn == 0
+    dense_d = fam.bytes_d.value * f.d * f.T * f.L + (0.0 if sh_ffn else shared)
+    dense_ffn = fam.bytes_ffn.value * f.T * f.ffn * f.dense_layers + (shared if sh_ffn else 0.0)
     kernels = float(gr["kernels"].sum()) - fam.kernels_layer.value * f.L - fam.kernels_step.value
     host = f.host_ops - fam.host_ops_layer.value * f.L - fam.host_ops_step.value
     g = f.gemms[f.gemms["grouped"].astype(bool)]
     roof = float((dm.gemm.time_s(g["m"], g["n"], g["k"], g["batch"]) * g["count"]).sum())
+    ffn_bytes = gr.loc["ffn", "bytes"] + (gr.loc["expert", "bytes"] if "expert" in gr.index else 0.0)
     return {
         "grouped_gemm_scale": float((g["dur_s"] * g["count"]).sum()) / roof if roof > 0 else float("nan"),
-        "bytes_d": (gr.loc["d", "bytes"] + unsized - dense_d) / (routed * f.d * f.L),
-        "bytes_ffn": gr.loc["ffn", "bytes"] / (routed * f.ffn * f.L),
-        "kernels_layer": kernels / f.L,
-        "host_ops_layer": host / f.L,
+        "bytes_d": (gr.loc["d", "bytes"] + unsized - dense_d) / (routed * f.d * L_moe),
+        "bytes_ffn": (ffn_bytes - dense_ffn) / (routed * f_e * L_moe),
+        "kernels_layer": kernels / L_moe,
+        "host_ops_layer": host / L_moe,
     }
+
+
+def structure(f: RunFacts) -> str:
+    """The MoE layer structure the terms were measured with, as the capture stated it."""
+    parts = [f"top-{f.top_k}", f"f_e {f.expert_ffn or f.ffn}"]
+    if f.shared_ffn:
+        parts.append(f"shared experts {f.shared_ffn} wide")
+    if f.dense_layers:
+        parts.append(f"{f.dense_layers} of {f.L} layers dense")
+    return ", ".join(parts)
 
 
 def fit_moe(runs: Sequence[RunFacts], dm: DeviceModel) -> MoeTerms | None:
@@ -81,7 +102,7 @@ def fit_moe(runs: Sequence[RunFacts], dm: DeviceModel) -> MoeTerms | None:
     if not mr:
         return None
     xs = [excess(f, dm) for f in mr]
-    names = ", ".join(f.name for f in mr)
+    names = ", ".join(f"{f.name} ({structure(f)})" for f in mr)
     units = {"bytes_d": "B", "bytes_ffn": "B", "kernels_layer": "kernels", "host_ops_layer": "ops",
              "grouped_gemm_scale": ""}  # fmt: skip
 

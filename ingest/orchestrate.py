@@ -33,6 +33,10 @@ from calib.core.devices import limits_for, physics_warning
 from calib.core.errors import InputError
 from calib.core.schema import KIND_TRACE, Framework, ProcessGroup, RunMeta, SourceFile
 
+#: the MoE shape a capture states (model / shape_full): routed experts E, experts per token
+#: topk, expert MLP width effn, shared experts (of width effn) or one shared MLP of total width
+#: shffn, leading dense layers dense (calibrate.device_moe reads them)
+MOE_SHAPE_KEYS = ("E", "topk", "effn", "shared", "shffn", "dense")
 FRAMEWORKS = ("ddp", "fsdp", "fsdp2", "deepspeed", "megatron", "zero", "pytorch", "unknown")
 
 
@@ -286,7 +290,7 @@ def apply_run_config(paths: Sequence[str | Path], options: IngestOptions) -> tup
     shape = {
         k: v
         for k, v in {**model, **full}.items()
-        if k in ("d", "l", "a", "s", "V", "b", "kv", "ffn", "E", "topk")  # E, topk: routed experts, per token
+        if k in ("d", "l", "a", "s", "V", "b", "kv", "ffn", *MOE_SHAPE_KEYS)
         and isinstance(v, int)
         and not isinstance(v, bool)
     }

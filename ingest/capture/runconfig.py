@@ -15,7 +15,9 @@ size, run name), so a single trace file copied elsewhere still says where it cam
     name, system, created (ISO 8601 UTC), world_size, backend,
     framework {name, zero_stage, sharding_strategy}   names as calib.core.schema.Framework
     parallel  {dp, tp, pp}
-    model     {d, l, a, s, V, b, attention, params, flops_per_step}
+    model     {d, l, a, s, V, b, attention, params, flops_per_step; kv, ffn; for MoE: E, topk,
+              effn (expert width), shared (shared experts) or shffn (one shared MLP's width),
+              dense (leading dense layers)}
     dtype, optimizer,
     profiler  {wait, warmup, active, record_shapes, with_stack, activities, profiled_steps}
     files     {"<rank>": "<file name>"}

@@ -1,0 +1,108 @@
+"""The MoE terms measured with the layer structure the capture states (stop 29): the expert
+width (``effn``), shared experts (``shared`` / ``shffn``) and leading dense layers
+(``dense``), on the real HF Mixtral, Qwen2-MoE and DeepSeek-V3 runs of a second H100
+(fixtures/traces/h100b).  calibrate.device_moe until stop 28 measured every run as if each
+layer routed, no expert were shared and the experts were as wide as ``ffn``."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from calib.api import SystemModel, ingest_run, load_runs
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
+DENSE = ("llama-d1024-l16-repeat", "g350m-b16", "llama-bf16-d4096-s2k", "llama-d1024-s8k-b2", "llama-d3072-s2k",
+         "llama-gqa-d2048-s4k")  # fmt: skip
+MIXTRAL, QWEN, DSV3 = "mixtral-d1024-e8", "qwen2moe-d1024-e60-top4", "dsv3-d1024-e64-top6"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """Facts of the three MoE runs and the eager dense device model of the same machine."""
+    from calib.calibrate import device_facts
+
+    store = tmp_path_factory.mktemp("moe-structure")
+    for name in (*DENSE, MIXTRAL, QWEN, DSV3):
+        ingest_run(FIX / "h100b" / "runs" / name, system="h100-hf", store=store)
+    for b in (FIX / "h100" / "gemm-bench").iterdir():
+        shutil.copytree(b, store / "h100-hf" / "runs" / b.name)
+    runs = load_runs(system="h100-hf", store=store)
+    facts = {r.meta.name: device_facts.facts(r) for r in runs if r.meta.name in (MIXTRAL, QWEN, DSV3)}
+    dense = [r for r in runs if r.meta.name not in (QWEN, DSV3)]
+    return facts, SystemModel().fit(dense).device_model_
+
+
+def test_the_capture_states_the_moe_layer_structure(setup):
+    """The sidecar's effn, shared, shffn and dense reach the run's facts."""
+    facts, _ = setup
+    m, q, d = facts[MIXTRAL], facts[QWEN], facts[DSV3]
+    assert (m.top_k, m.expert_ffn, m.shared_ffn, m.dense_layers) == (2, 0, 0, 0)
+    assert (q.top_k, q.expert_ffn, q.shared_ffn, q.dense_layers) == (4, 704, 2816, 0)  # one gated shared MLP
+    assert (d.top_k, d.expert_ffn, d.shared_ffn, d.dense_layers) == (6, 512, 1024, 1)  # 2 shared x 512
+
+
+def test_routed_rows_of_the_expert_width_form_their_own_group(setup):
+    """Qwen2-MoE's k T routed rows of width 704 or 1408 (a multiple of f_e, not of d) are the
+    "expert" group; before, k f_e = 4 x 704 = 2816 = ffn put them in the ffn group by
+    coincidence.  Mixtral's experts are ffn wide: no expert group."""
+    facts, _ = setup
+    q, m = facts[QWEN].groups, facts[MIXTRAL].groups
+    assert q.loc["expert", "bytes"] > 1e9 and q.loc["expert", "kernels"] > 0
+    assert m.loc["expert", "bytes"] == 0.0
+
+
+def test_grouped_experts_stream_the_same_bytes_per_unit_of_expert_width(setup):
+    """HF transformers' grouped experts run the same code in Mixtral and Qwen2-MoE, so their
+    element-wise bytes per routed token per unit of expert width must agree once the shared
+    expert (a dense MLP of width 2816) is taken out: observed 26.00 (Mixtral, f_e 1792) and
+    26.00 (Qwen2-MoE, f_e 704); 11.0 when Qwen's bytes were counted per unit of ffn with its
+    shared expert in them."""
+    from calib.calibrate.device_moe import excess
+
+    facts, dm = setup
+    mix, qwen = excess(facts[MIXTRAL], dm), excess(facts[QWEN], dm)
+    assert qwen["bytes_ffn"] == pytest.approx(mix["bytes_ffn"], rel=0.03)
+    assert 20.0 < mix["bytes_ffn"] < 32.0
+
+
+def test_per_moe_layer_terms_count_only_the_routing_layers(setup):
+    """DeepSeek-V3's first layer is dense: the kernels beyond the dense family spread over the
+    five MoE layers of six (the same total as counted over all six)."""
+    from calib.calibrate.device_moe import excess
+
+    facts, dm = setup
+    f = facts[DSV3]
+    ours, flat = excess(f, dm), excess(replace(f, dense_layers=0, shared_ffn=0), dm)
+    assert ours["kernels_layer"] * (f.L - 1) == pytest.approx(flat["kernels_layer"] * f.L)
+    assert ours["host_ops_layer"] * (f.L - 1) == pytest.approx(flat["host_ops_layer"] * f.L)
+
+
+def test_shared_experts_stream_the_dense_family_ffn_bytes(setup):
+    """A shared expert is a dense MLP: its element-wise work is the family's bytes per token per
+    unit of width, (passes + 2) / 3 of the training step's, at the family's bandwidth."""
+    from calib.analytic.device_path import moe_routed_s
+    from calib.calibrate import device_step as D
+
+    _, dm = setup
+    fam, _ = dm.family("swiglu", "bf16", compiled=False)
+    args, tw = (8192.0 * 2, 1024.0, 1792.0, 3.0, 1.0), 8192.0 * 2816
+    extra = float(moe_routed_s(dm, fam, *args, shared_tw=tw) - moe_routed_s(dm, fam, *args))
+    assert extra == pytest.approx(fam.bytes_ffn.value * tw / (D._bw(dm, fam) * 1e12))
+    assert extra > 0
+
+
+def test_the_fit_says_which_structure_it_measured(setup):
+    """`calib fit` prints each MoE term with the runs and the layer structure it read."""
+    from calib.calibrate.device_moe import fit_moe
+
+    facts, dm = setup
+    terms = fit_moe([facts[DSV3]], dm)
+    assert (
+        "dsv3-d1024-e64-top6 (top-6, f_e 512, shared experts 1024 wide, 1 of 6 layers dense)"
+        in terms.bytes_ffn.note
+    )
+    assert terms.runs == (DSV3,)
