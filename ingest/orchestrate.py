@@ -37,6 +37,22 @@ from calib.core.schema import KIND_TRACE, Framework, ProcessGroup, RunMeta, Sour
 #: topk, expert MLP width effn, shared experts (of width effn) or one shared MLP of total width
 #: shffn, leading dense layers dense (calibrate.device_moe reads them)
 MOE_SHAPE_KEYS = ("E", "topk", "effn", "shared", "shffn", "dense")
+
+
+def _check_shape(shape: dict, where) -> None:
+    """A sidecar's model shape is sizes: positive (shared experts and dense layers may be 0),
+    fewer dense layers than layers, no more experts per token than experts."""
+    for k, v in shape.items():
+        if v < (0 if k in ("shared", "dense") else 1):
+            raise InputError(where, f"model {k} must be a {'non-negative' if k in ('shared', 'dense') else 'positive'} integer, got {v}")  # fmt: skip
+    if shape.get("dense", 0) and shape["dense"] >= shape.get("l", shape["dense"] + 1):
+        raise InputError(
+            where, f"model dense={shape['dense']} leading dense layers of l={shape['l']}: none would route"
+        )
+    if "topk" in shape and "E" in shape and shape["topk"] > shape["E"]:
+        raise InputError(where, f"model topk={shape['topk']} experts per token but only E={shape['E']}")
+
+
 FRAMEWORKS = ("ddp", "fsdp", "fsdp2", "deepspeed", "megatron", "zero", "pytorch", "unknown")
 
 
@@ -294,6 +310,7 @@ def apply_run_config(paths: Sequence[str | Path], options: IngestOptions) -> tup
         and isinstance(v, int)
         and not isinstance(v, bool)
     }
+    _check_shape(shape, where)
     for key in ("precision", "family", "library"):
         if isinstance(cfg.get(key), str) and shape:
             shape[key] = cfg[key]

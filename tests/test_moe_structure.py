@@ -106,3 +106,47 @@ def test_the_fit_says_which_structure_it_measured(setup):
         in terms.bytes_ffn.note
     )
     assert terms.runs == (DSV3,)
+
+
+def _bad_copy(tmp_path, change):
+    """The real DeepSeek-V3 run with ``change`` made to its sidecar's shape."""
+    import json
+
+    src = FIX / "h100b" / "runs" / DSV3
+    bad = tmp_path / DSV3
+    shutil.copytree(src, bad)
+    cfg = json.loads((src / "run_config.json").read_text())
+    cfg["shape_full"].update(change)
+    (bad / "run_config.json").write_text(json.dumps(cfg))
+    return bad
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [({"dense": 6}, "dense=6 leading dense layers of l=6: none would route"),
+     ({"effn": 0}, "model effn must be a positive integer, got 0"),
+     ({"topk": 65}, "model topk=65 experts per token but only E=64"),
+     ({"shared": -1}, "model shared must be a non-negative integer, got -1")],
+)  # fmt: skip
+def test_a_nonsense_moe_shape_in_the_sidecar_is_refused(tmp_path, change, says):
+    """One impossible value in a real run's sidecar: ingest names the file and the value and
+    leaves no run in the store."""
+    from tests.conftest import bad
+
+    run_dir, store = _bad_copy(tmp_path, change), tmp_path / "store"
+    err = bad("ingest", str(run_dir), "--system", "h100-hf", "--store", str(store))
+    assert str(err.where) == str(run_dir / "run_config.json") and says in str(err)
+    assert not (store / "h100-hf" / "runs" / DSV3).exists()
+
+
+def test_a_nonsense_moe_shape_exits_2_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    run_dir = _bad_copy(tmp_path, {"dense": 9})
+    proc = subprocess.run([sys.executable, "-m", "calib.cli", "ingest", str(run_dir), "--system", "h100-hf",
+                           "--store", str(tmp_path / "store")], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"calib: {run_dir / 'run_config.json'}: model dense=9 leading dense layers of l=6: none would route"
+    ]
