@@ -260,6 +260,26 @@ def moe_act_bytes_layer(model, fam: Family, T, d, ep) -> np.ndarray:
     return fam.act_scale.value * (routed + shared)
 
 
+def mla_act_bytes_layer(model, fam: Family, tokens, d, t, sp) -> np.ndarray:
+    """Bytes one layer of multi-head latent attention keeps beyond the full heads the traced
+    family's count holds (device_model.ACT_COUNT: q and output 4 d, k and v 4 d kv/a): the
+    latents and their norms and the up-projected q, k, v and output
+    (analytic.mla.attention_kept_coeffs, the spec path's count), times the family's fitted
+    scale; 0 without MLA.  Split over TP as the dense count is (replicated without SP)."""
+    from calib.analytic.mla import attention_kept_coeffs
+
+    kept = attention_kept_coeffs(model)
+    if kept is None:
+        return np.zeros(np.shape(t))
+    t_acts = np.where(np.asarray(sp, dtype=bool), t, 1.0)
+    full = 4.0 + 4.0 * float(model.shape_extras["kv"]) / float(model.n_heads)
+    d = np.asarray(d, dtype=float)
+    count = (kept[0] * d / np.asarray(t, dtype=float) + (kept[1] - full) * d / t_acts) * np.asarray(
+        tokens, dtype=float
+    )
+    return fam.act_scale.value * count
+
+
 def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc, fam):
     """A fitted device model's memory of the dense part (``mem``, :func:`memory`), plus what
     the new axes add: the routed experts' weights, optimizer states and gradients (ZeRO-
@@ -267,7 +287,8 @@ def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, ma
     until stop 25 the spec path's fp32 master and moments, 12 bytes where HF's bf16 runs
     keep 4), the FP8 weight copy (none under torch.compile, which keeps FP8 linear inputs
     instead: precision.compiled_fp8_saved_bytes), DualPipe's second parameter copy and
-    p + 1 micro-batches, and the MoE layers' activations (:func:`moe_act_bytes_layer`).
+    p + 1 micro-batches, the MoE layers' activations (:func:`moe_act_bytes_layer`) and multi-
+    head latent attention's (:func:`mla_act_bytes_layer`).
     The peak is the device model's: the larger of the forward peak (states, activations,
     logits) and the end of backward (states, gradients) -- until stop 25 the experts'
     gradients were added to the forward peak, an upper bound."""
@@ -300,6 +321,9 @@ def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, ma
         t_acts = np.where(np.asarray(st.seq_parallel, dtype=bool), t, 1.0)
         per_layer = PR.compiled_fp8_saved_bytes(d, model.ffn_size) * b * s_loc / t_acts
         stage = stage + np.where(compiled_fp8, per_layer * np.ceil((model.n_layers - L_moe) / p), 0.0)
+    stage = stage + mla_act_bytes_layer(model, fam, b * s_loc, d, t, st.seq_parallel) * np.ceil(
+        model.n_layers / p
+    )
     in_flight = stages_in_flight(p, m, st.interleave)
     acts = mem["mem_activations_all_bytes"] + np.where(np.asarray(rc) != F.FULL, stage * in_flight, 0.0)
     acts = acts * in_flight_scale(p, st.schedule)

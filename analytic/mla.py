@@ -31,9 +31,11 @@ heads stood, the real projections now count: op-level SAC re-runs every second m
 torchtitan's call order q_a, q_b, kv_a, kv_b, o, then the MLP's (:func:`op_sac_terms`);
 context parallelism exchanges the up-projected K and V (:func:`head_widths`, analytic.context);
 FP8 casts read each projection's input and gradient output (:func:`linear_io`); the MTP block
-is a ZeRO-3 gathered layer (shape_terms.layer_params_gpu, zero_overlap.mtp_matrices).  Still
-full-head: the element-wise traffic (formulas.vector_traffic_bytes_layer, GPT's shape for every
-model) and the trace-fitted device model's activation bytes (device_path.memory).
+is a ZeRO-3 gathered layer (shape_terms.layer_params_gpu, zero_overlap.mtp_matrices).  The trace-
+fitted device model's activation bytes count the same tensors beyond its full heads (stop 29,
+device_path.mla_act_bytes_layer).  Still full-head: the element-wise traffic
+(formulas.vector_traffic_bytes_layer, GPT's shape for every model) and the device model's
+streamed bytes.
 
 **MTP** (report sec. 2.2): each of ``mtp_layers`` depths adds one Transformer block of the
 last layer's kind (MLA + MoE for DeepSeek-V3), a projection M of 2d x d and two RMSNorms; the

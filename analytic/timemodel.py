@@ -369,7 +369,7 @@ def evaluate(
     sm, g_mem = SPP.memory_strategies(st), X.groups(st)[0]
     if dm is not None:
         mem = DP.memory(dm, fam, sh, dense_p, b, t, p, g_mem, sm.zero, m, v, rc, sp, hw.runtime_reserve_gb * 1e9)  # fmt: skip
-        if st.is_modern or X.MOE.is_moe(model):
+        if st.is_modern or X.MOE.is_moe(model) or MLA.uses_mla(model):
             mem = DP.adjust_dm_memory(mem, model, sm, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc, fam)
     else:
         drop = bool(model.shape_extras.get("dropout", True))  # dropout masks kept (formulas)

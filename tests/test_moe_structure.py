@@ -2,7 +2,8 @@
 width (``effn``), shared experts (``shared`` / ``shffn``) and leading dense layers
 (``dense``), on the real HF Mixtral, Qwen2-MoE and DeepSeek-V3 runs of a second H100
 (fixtures/traces/h100b).  calibrate.device_moe until stop 28 measured every run as if each
-layer routed, no expert were shared and the experts were as wide as ``ffn``."""
+layer routed, no expert were shared and the experts were as wide as ``ffn``.  Also the device
+path's count of multi-head latent attention's kept tensors, on the same fitted family."""
 
 from __future__ import annotations
 
@@ -106,6 +107,30 @@ def test_the_fit_says_which_structure_it_measured(setup):
         in terms.bytes_ffn.note
     )
     assert terms.runs == (DSV3,)
+
+
+def test_the_device_path_counts_mla_kept_tensors(setup):
+    """The trace-fitted device model's activation count holds full heads (q and output 4 d, k and
+    v 4 d kv / a bytes per token); MLA keeps its latents and up-projected heads instead.  The HF
+    DeepSeek-V3 run of fixtures/traces/h100b (d 1024, 16 heads, q rank 384, kv rank 256, rope 32,
+    nope 64, v head 64): q = k = 16 x 96 = 1536, v = o = 1024 -> split 2 x 5120 = 10,240 bytes;
+    latents 2 (2 x 384 + 2 x 256 + 32) = 2,624; full heads 8 x 1024 = 8,192: 4,672 bytes per token
+    and layer more, x the fitted family's scale.  At TP 2 with SP both halve: 2,336.  A model without
+    MLA adds nothing."""
+    from calib.analytic.device_path import mla_act_bytes_layer
+    from calib.analytic.specs import ModelSpec
+
+    m = ModelSpec("dsv3-d1024", 1024, 6, 16, 2048, 32000, ffn=2816, mlp="swiglu", n_experts=64, top_k=6,
+                  expert_ffn=512, shared_experts=2, dense_layers=1, qk_head_dim=96, v_head_dim=64,
+                  q_lora_rank=384, kv_lora_rank=256, qk_rope_head_dim=32)  # fmt: skip
+    from calib.analytic.specs import load_model
+
+    fam, _ = setup[1].family("swiglu", "bf16", compiled=False)
+    k = fam.act_scale.value
+    assert 0.5 < k < 2.0
+    assert float(mla_act_bytes_layer(m, fam, 8192, 1024, 1, False)) == pytest.approx(k * 4672 * 8192)
+    assert float(mla_act_bytes_layer(m, fam, 8192, 1024, 2, True)) == pytest.approx(k * 2336 * 8192)
+    assert float(mla_act_bytes_layer(load_model("llama3-8b"), fam, 8192, 4096, 1, False)) == 0.0
 
 
 def _bad_copy(tmp_path, change):
