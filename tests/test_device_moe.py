@@ -140,6 +140,7 @@ def test_fit_text_names_the_moe_terms(fitted, tmp_path):
     out = run("fit", "--system", "h200-hf", "--store", str(store)).output
     line = next(ln for ln in out.splitlines() if "MoE routing" in ln)
     assert "B x d" in line and "grouped expert GEMMs x1.2" in line and MIXTRAL in line
+    assert f"measured on {MIXTRAL} (top-2, f_e 1792)" in line  # the structure the terms were read with
     # the per-run table lists the MoE run apart, predicted by the analytic device path:
     # in-sample with its own terms, held out with the hand count (no other MoE run)
     res = run("validate", "--runs", "h200-hf", "--store", str(store), "--json")
