@@ -190,7 +190,18 @@ def fit_system(
 def _device_model(sel: Selection, samples: pd.DataFrame, peak_info, profiler_overhead: float | None,
                   notes: list[str]) -> DeviceModel | None:  # fmt: skip
     """The physical compute model from the GPU trace runs that recorded shapes and a model."""
-    runs = [f for f in (device_facts.facts(r) for r in sel.trace_runs) if f is not None]
+    # one GPU's physics: a run of several ranks times communication into its step and its
+    # kernel tables hold every rank's kernels (they would count N times)
+    every = [(r, device_facts.facts(r)) for r in sel.trace_runs]
+    multi = [r for r, f in every if f is not None and (r.meta.world_size or 1) > 1]
+    runs = [f for r, f in every if f is not None and (r.meta.world_size or 1) <= 1]
+    if multi:
+        notes.append(
+            "left out of the device model (fitted from single-GPU runs): "
+            + ", ".join(
+                f"{r.meta.name} ({r.meta.world_size} ranks: its step includes communication)" for r in multi
+            )
+        )
     if not runs:
         return None
     device = _device(sel) or "gpu"
