@@ -40,17 +40,21 @@ MOE_SHAPE_KEYS = ("E", "topk", "effn", "shared", "shffn", "dense")
 
 
 def _check_shape(shape: dict, where) -> None:
-    """A sidecar's model shape is sizes: positive (shared experts and dense layers may be 0),
-    fewer dense layers than layers, no more experts per token than experts."""
+    """A sidecar's model shape is sizes: d, l, a, s, V, b, kv, ffn positive; the MoE keys
+    non-negative (0: a dense model, experts as wide as ffn, none shared, no dense layers);
+    no more experts per token than experts; fewer dense layers than layers."""
     for k, v in shape.items():
-        if v < (0 if k in ("shared", "dense") else 1):
-            raise InputError(where, f"model {k} must be a {'non-negative' if k in ('shared', 'dense') else 'positive'} integer, got {v}")  # fmt: skip
+        low = 0 if k in MOE_SHAPE_KEYS else 1
+        if v < low:
+            raise InputError(
+                where, f"model {k} must be a {('positive', 'non-negative')[low == 0]} integer, got {v}"
+            )
+    if shape.get("E", 0) and shape.get("topk", 0) > shape["E"]:
+        raise InputError(where, f"model topk={shape['topk']} experts per token but only E={shape['E']}")
     if shape.get("dense", 0) and shape["dense"] >= shape.get("l", shape["dense"] + 1):
         raise InputError(
             where, f"model dense={shape['dense']} leading dense layers of l={shape['l']}: none would route"
         )
-    if "topk" in shape and "E" in shape and shape["topk"] > shape["E"]:
-        raise InputError(where, f"model topk={shape['topk']} experts per token but only E={shape['E']}")
 
 
 FRAMEWORKS = ("ddp", "fsdp", "fsdp2", "deepspeed", "megatron", "zero", "pytorch", "unknown")

@@ -149,7 +149,8 @@ def _bad_copy(tmp_path, change):
 @pytest.mark.parametrize(
     "change, says",
     [({"dense": 6}, "dense=6 leading dense layers of l=6: none would route"),
-     ({"effn": 0}, "model effn must be a positive integer, got 0"),
+     ({"effn": -512}, "model effn must be a non-negative integer, got -512"),
+     ({"l": 0}, "model l must be a positive integer, got 0"),
      ({"topk": 65}, "model topk=65 experts per token but only E=64"),
      ({"shared": -1}, "model shared must be a non-negative integer, got -1")],
 )  # fmt: skip
