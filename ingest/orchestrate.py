@@ -39,7 +39,7 @@ from calib.core.schema import KIND_TRACE, Framework, ProcessGroup, RunMeta, Sour
 MOE_SHAPE_KEYS = ("E", "topk", "effn", "shared", "shffn", "dense")
 
 
-def _check_shape(shape: dict, where) -> None:
+def check_shape(shape: dict, where) -> None:
     """A sidecar's model shape is sizes: d, l, a, s, V, b, kv, ffn positive; the MoE keys
     non-negative (0: a dense model, experts as wide as ffn, none shared, no dense layers);
     no more experts per token than experts; fewer dense layers than layers."""
@@ -314,7 +314,7 @@ def apply_run_config(paths: Sequence[str | Path], options: IngestOptions) -> tup
         and isinstance(v, int)
         and not isinstance(v, bool)
     }
-    _check_shape(shape, where)
+    check_shape(shape, where)
     for key in ("precision", "family", "library"):
         if isinstance(cfg.get(key), str) and shape:
             shape[key] = cfg[key]
@@ -331,7 +331,7 @@ def apply_run_config(paths: Sequence[str | Path], options: IngestOptions) -> tup
         name=options.name or (cfg.get("name") if isinstance(cfg.get("name"), str) else None),
         framework=options.framework or name,
         zero_stage=options.zero_stage if options.zero_stage is not None else stage,
-        model=dict(options.model) or shape,
+        model={**shape, **options.model},  # the options' keys take precedence
         measured=unprofiled_steps(cfg),
     )
     return updated, [f"stated by {where}: framework {name}, ZeRO stage {stage}, model {shape or '-'}"]

@@ -176,3 +176,38 @@ def test_a_nonsense_moe_shape_exits_2_with_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         f"calib: {run_dir / 'run_config.json'}: model dense=9 leading dense layers of l=6: none would route"
     ]
+
+
+def test_the_moe_structure_can_be_stated_on_the_command_line(tmp_path):
+    """A trace without a sidecar shape: ``calib ingest --model`` states the same structure (and
+    overrides single keys of a sidecar, keeping the rest, such as its precision)."""
+    import json
+
+    from calib.calibrate import device_facts
+
+    from tests.conftest import bad, run
+
+    run_dir = _bad_copy(tmp_path, {})
+    cfg = json.loads((run_dir / "run_config.json").read_text())
+    del cfg["shape_full"]
+    (run_dir / "run_config.json").write_text(json.dumps(cfg))
+    store = tmp_path / "store"
+    spec = "d=1024,l=6,a=16,s=2048,V=32000,b=4,ffn=2816,E=64,topk=6,effn=512,shared=2,dense=1"
+    assert (
+        run("ingest", str(run_dir), "--system", "h100-hf", "--store", str(store), "--model", spec).exit_code
+        == 0
+    )
+    (r,) = load_runs([DSV3], system="h100-hf", store=store, kind="trace")
+    f = device_facts.facts(r)
+    assert (f.top_k, f.expert_ffn, f.shared_ffn, f.dense_layers, f.weights) == (6, 512, 1024, 1, "bf16")
+    err = bad(
+        "ingest",
+        str(run_dir),
+        "--system",
+        "h100-hf",
+        "--store",
+        str(tmp_path / "s2"),
+        "--model",
+        "E=8,topk=9",
+    )
+    assert str(err.where) == "--model" and "topk=9 experts per token but only E=8" in str(err)

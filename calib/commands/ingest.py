@@ -16,11 +16,12 @@ from calib.core.schema import KIND_TRACE
 from calib.core.store import check_name, check_new_run, default_store, save_run
 from calib.ingest.budget import budget_from_option
 from calib.ingest.executors import EXECUTORS, ExecutorSpec, parse_jobs
-from calib.ingest.orchestrate import FRAMEWORKS, IngestOptions
+from calib.ingest.orchestrate import FRAMEWORKS, MOE_SHAPE_KEYS, IngestOptions, check_shape
 from calib.ingest.orchestrate import ingest as run_ingest
 from calib.ingest.rules import load_rules
 
-_MODEL_KEYS = {"d": int, "l": int, "a": int, "s": int, "V": int, "b": int, "name": str}
+_MODEL_KEYS = {"d": int, "l": int, "a": int, "s": int, "V": int, "b": int, "kv": int, "ffn": int, "name": str,
+               **dict.fromkeys(MOE_SHAPE_KEYS, int)}  # fmt: skip
 
 
 def _parse_model(text: str | None) -> dict:
@@ -38,8 +39,10 @@ def _parse_model(text: str | None) -> dict:
             out[key] = _MODEL_KEYS[key](value.strip())
         except ValueError:
             raise InputError("--model", f"'{key}' must be an integer, got '{value}'") from None
-        if isinstance(out[key], int) and out[key] <= 0:
-            raise InputError("--model", f"'{key}' must be positive, got {out[key]}")
+        if isinstance(out[key], int) and out[key] < (0 if key in MOE_SHAPE_KEYS else 1):
+            what = "non-negative" if key in MOE_SHAPE_KEYS else "positive"
+            raise InputError("--model", f"'{key}' must be {what}, got {out[key]}")
+    check_shape({k: v for k, v in out.items() if k != "name"}, "--model")
     return out
 
 
@@ -71,7 +74,12 @@ def _progress(it):
 @click.option(
     "--zero-stage", type=int, help="State the ZeRO stage (0-3); ZeRO-1 and ZeRO-2 look alike in traces."
 )
-@click.option("--model", "model_spec", help="Model shape, e.g. d=768,l=12,a=12,s=1024,V=50257,b=8.")
+@click.option(
+    "--model",
+    "model_spec",
+    help="Model shape, e.g. d=768,l=12,a=12,s=1024,V=50257,b=8; also kv, ffn and, for MoE, E, topk, effn "
+    "(expert width), shared or shffn (shared experts), dense (leading dense layers).",
+)
 @click.option(
     "--rules",
     "rules_file",
