@@ -63,10 +63,9 @@ def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
     L_moe = max(f.L - f.dense_layers, 1)
     f_e = f.expert_ffn or f.ffn
     routed = float(f.T * f.top_k)
-    # the shared experts' tensors land in the ffn group when their width is a multiple of
-    # ffn (device_facts._groups), else in the d group: their dense-MLP bytes leave that group
+    # the shared experts' dense-MLP bytes leave the group their tensors land in
     shared = fam.bytes_ffn.value * f.T * f.shared_ffn * L_moe
-    sh_ffn = f.shared_ffn > 0 and f.shared_ffn % f.ffn == 0
+    sh_ffn = shared_group(f) in ("ffn", "expert")
     dense_d = fam.bytes_d.value * f.d * f.T * f.L + (0.0 if sh_ffn else shared)
     dense_ffn = fam.bytes_ffn.value * f.T * f.ffn * f.dense_layers + (shared if sh_ffn else 0.0)
     kernels = float(gr["kernels"].sum()) - fam.kernels_layer.value * f.L - fam.kernels_step.value
@@ -81,6 +80,21 @@ def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
         "kernels_layer": kernels / L_moe,
         "host_ops_layer": host / L_moe,
     }
+
+
+def shared_group(f: RunFacts) -> str | None:
+    """The group (device_facts._groups) the shared experts' token rows of width
+    ``shared_ffn`` land in: "ffn" for a multiple of ffn; "expert" for top-1 routing (routed
+    rows = token rows) and a multiple of the expert width but not of d; else "d"."""
+    w = f.shared_ffn
+    if w <= 0:
+        return None
+    if w % f.ffn == 0:
+        return "ffn"
+    f_e = f.expert_ffn
+    if f.top_k == 1 and f_e and f_e != f.ffn and w % f_e == 0 and w % f.d != 0:
+        return "expert"
+    return "d"
 
 
 def structure(f: RunFacts) -> str:

@@ -11,6 +11,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from calib.api import SystemModel, ingest_run, load_runs
@@ -211,3 +212,23 @@ def test_the_moe_structure_can_be_stated_on_the_command_line(tmp_path):
         "E=8,topk=9",
     )
     assert str(err.where) == "--model" and "topk=9 experts per token but only E=8" in str(err)
+
+
+def test_the_shared_experts_leave_the_group_their_tensors_land_in(setup):
+    """Qwen2-MoE's shared MLP (2816 = ffn) streams in the ffn group, DeepSeek-V3's (2 x 512 =
+    1024 = d) in the d group; with top-1 routing (Llama 4's) the routed rows are the token rows,
+    so a shared expert of the expert width lands in the expert group, as device_facts._groups
+    puts it."""
+    from calib.calibrate.device_facts import _groups
+    from calib.calibrate.device_moe import shared_group
+
+    facts, _ = setup
+    assert shared_group(facts[QWEN]) == "ffn" and shared_group(facts[DSV3]) == "d"
+    assert shared_group(facts[MIXTRAL]) is None
+    top1 = replace(facts[QWEN], top_k=1, shared_ffn=704)
+    assert shared_group(top1) == "expert"
+    T = top1.T
+    row = pd.DataFrame({"kernel_class": ["elementwise"], "numel": [T * 704], "lead": [T], "in_bytes": [2.0 * T * 704],
+                        "count": [1.0], "dur_s": [1e-4]})  # fmt: skip
+    g = _groups(row, T, top1.d, top1.ffn, top1.V, top1.params, top1.top_k * T, top1.expert_ffn)
+    assert g.loc["expert", "bytes"] == 2.0 * T * 704
