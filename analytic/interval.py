@@ -87,11 +87,16 @@ def iter_interval(model, system, st, iter_s) -> tuple[np.ndarray, np.ndarray, li
             f"{why}: host-bound steps may be as fast as their device time (the interval's lower end)"
         )
     lo, hi = band(it, half, floor)
+    if np.any(half >= 1.0):
+        notes.append(
+            f"the interval's half-width reaches {100.0 * float(np.max(half)):.0f} % of the step (few traced runs"
+            " or terms one run cannot identify): unbounded below, shown from 0; more traced runs narrow it"
+        )
     alt = sm_bound_transfer(system, dm) if moved else None
     if alt is not None:  # the memory-bound kernels' other physical limit
         other = replace(system, cal=replace(system.cal, device_model=alt))
         it_alt = np.asarray(evaluate(model, other, st, lean=True)["iter_s"], dtype=float)
-        lo, hi = np.minimum(lo, it_alt * (1.0 - half)), np.maximum(hi, it_alt * (1.0 + half))
+        lo, hi = np.minimum(lo, np.maximum(it_alt * (1.0 - half), 0.0)), np.maximum(hi, it_alt * (1.0 + half))
         notes.append(
             "memory-bound kernels move between the compute ratio and the HBM ratio (each runs at the lower of"
             " its HBM and its SM issue limits): the interval holds both ends"

@@ -100,11 +100,13 @@ MIN_KIND_RUNS = 3
 
 def band(step_s, half, floor_s=None):
     """The interval [step (1 - h), step (1 + h)], its lower end extended down to the
-    device-bound floor when the step is host-bound on a lower-bound overhead."""
+    device-bound floor when the step is host-bound on a lower-bound overhead, and never
+    below 0 (h >= 1: few runs or unidentified terms leave the step unbounded below)."""
     step_s = np.asarray(step_s, dtype=float)
     lo = step_s * (1.0 - half)
     if floor_s is not None:
         lo = np.minimum(lo, np.asarray(floor_s, dtype=float) * (1.0 - half))
+    lo = np.maximum(lo, 0.0)
     return (float(lo), float(step_s * (1.0 + half))) if lo.ndim == 0 else (lo, step_s * (1.0 + half))
 
 
