@@ -198,6 +198,7 @@ class SearchResult:
     n_strategies: int  # valid strategies evaluated (OOM included)
     n_feasible: int  # those that fit in memory
     seconds: float  # wall time of enumeration + evaluation + ranking
+    notes: tuple[str, ...] = ()  # what the ranked strategies' intervals hold (analytic.interval)
 
     @property
     def rate(self) -> float:
@@ -249,13 +250,14 @@ def search(
     if moe:
         cand["seq_parallel"] = cand["tp"] > 1
     table = detail(model, system, cand, global_batch, space, power)
+    notes = tuple(table.attrs.pop("interval_notes", ()))
     placed = "iter_placed_s" if space.nvlink_domain else "iter_s"
     order = {"time": placed, "energy": "energy_j_per_token", "cost": "gpu_s_per_token"}[objective]
     table = table.sort_values([order, "iter_s", "mem_total_gb"], kind="stable").reset_index(drop=True)
     per_gpus = table.groupby("gpus", sort=True).head(1).sort_values("gpus").reset_index(drop=True)
     ranked = table.head(top).reset_index(drop=True)
     ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
-    return SearchResult(ranked, per_gpus, n_valid, n_fit, time.perf_counter() - t0)
+    return SearchResult(ranked, per_gpus, n_valid, n_fit, time.perf_counter() - t0, notes)
 
 
 def _scan(model, system, lay, comm_all, opt, B, space, moe, keep, picks, objective="time", power=None):
@@ -426,4 +428,5 @@ def detail(
     if band is not None:
         df.insert(df.columns.get_loc("iter_s") + 1, "iter_s_lo", band[0])
         df.insert(df.columns.get_loc("iter_s") + 2, "iter_s_hi", band[1])
+        df.attrs["interval_notes"] = list(band[2])
     return df

@@ -260,6 +260,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
             click.echo(text, nl=False)
         return
     res = run_search(model, machine, counts, B, space, top, objective=objective, power=power)
+    notes = notes + [n for n in res.notes if n not in notes]
     if objective != "time":
         notes = notes + [f"ranked by {objective}: " + ("joules per token at the top clock under the power cap" if objective == "energy"
                                                         else "GPU-seconds per token (GPU-hours x price per token)")]  # fmt: skip
