@@ -167,7 +167,7 @@ def test_collect_megatron_style_files(tmp_path: Path, capsys: pytest.CaptureFixt
             "--system",
             "polaris",
             "--model",
-            "d=128,l=2,a=4,s=64,V=1024,b=4",
+            "d=128,l=2,a=4,s=64,V=1024,b=4,ffn=256,E=8,topk=2,effn=64,shared=1,dense=1",
             "--framework",
             "megatron",
             "--tp",
@@ -189,14 +189,20 @@ def test_collect_megatron_style_files(tmp_path: Path, capsys: pytest.CaptureFixt
         )
     cfg = read_run_config(out)
     assert cfg["system"] == "polaris" and cfg["world_size"] == 2 and cfg["parallel"] == {"tp": 1, "pp": 1}
-    assert cfg["model"] == {"d": 128, "l": 2, "a": 4, "s": 64, "V": 1024, "b": 4}
+    assert cfg["model"] == {"d": 128, "l": 2, "a": 4, "s": 64, "V": 1024, "b": 4, "ffn": 256, "E": 8, "topk": 2,
+                            "effn": 64, "shared": 1, "dense": 1}  # fmt: skip
     assert "calibration-ready" in text
 
 
 def test_collect_bad_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     cases = [
-        (["--model", "d=128,x=3"], "--model: 'x=3' is not KEY=VALUE with KEY one of d, l, a, s, V, b"),
+        (
+            ["--model", "d=128,x=3"],
+            "--model: 'x=3' is not KEY=VALUE with KEY one of d, l, a, s, V, b, kv, ffn, E, topk, effn, shared, "
+            "shffn, dense",
+        ),
+        (["--model", "d=128,E=8,topk=9"], "--model: model topk=9 experts per token but only E=8"),
         (
             ["--framework", "jax"],
             "--framework: 'jax' is not one of pytorch, ddp, fsdp, fsdp2, deepspeed, megatron",

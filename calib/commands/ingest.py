@@ -15,8 +15,9 @@ from calib.core.rundir import RunExists, write_run
 from calib.core.schema import KIND_TRACE
 from calib.core.store import check_name, check_new_run, default_store, save_run
 from calib.ingest.budget import budget_from_option
+from calib.ingest.capture.runconfig import MOE_SHAPE_KEYS, check_shape
 from calib.ingest.executors import EXECUTORS, ExecutorSpec, parse_jobs
-from calib.ingest.orchestrate import FRAMEWORKS, MOE_SHAPE_KEYS, IngestOptions, check_shape
+from calib.ingest.orchestrate import FRAMEWORKS, IngestOptions
 from calib.ingest.orchestrate import ingest as run_ingest
 from calib.ingest.rules import load_rules
 

@@ -51,6 +51,30 @@ TRACE_SUFFIX = ".pt.trace.json.gz"
 _RANK_FILE = re.compile(r"^rank(\d+)\.pt\.trace\.json(\.gz)?$")
 
 
+#: the MoE shape a capture states (model / shape_full): routed experts E, experts per token
+#: topk, expert MLP width effn, shared experts (of width effn) or one shared MLP of total width
+#: shffn, leading dense layers dense (calibrate.device_moe reads them)
+MOE_SHAPE_KEYS = ("E", "topk", "effn", "shared", "shffn", "dense")
+
+
+def check_shape(shape: dict, where) -> None:
+    """A sidecar's model shape is sizes: d, l, a, s, V, b, kv, ffn positive; the MoE keys
+    non-negative (0: a dense model, experts as wide as ffn, none shared, no dense layers);
+    no more experts per token than experts; fewer dense layers than layers."""
+    for k, v in shape.items():
+        low = 0 if k in MOE_SHAPE_KEYS else 1
+        if v < low:
+            raise InputError(
+                where, f"model {k} must be a {('positive', 'non-negative')[low == 0]} integer, got {v}"
+            )
+    if shape.get("E", 0) and shape.get("topk", 0) > shape["E"]:
+        raise InputError(where, f"model topk={shape['topk']} experts per token but only E={shape['E']}")
+    if shape.get("dense", 0) and shape["dense"] >= shape.get("l", shape["dense"] + 1):
+        raise InputError(
+            where, f"model dense={shape['dense']} leading dense layers of l={shape['l']}: none would route"
+        )
+
+
 def trace_name(rank: int) -> str:
     """File name of rank ``rank``'s trace in a captured run."""
     return f"rank{int(rank)}{TRACE_SUFFIX}"
