@@ -317,7 +317,8 @@ def build_system(
     if ratio is not None:
         machine = replace(machine, attn_eff_ratio=ratio)
         notes.append(f"attention core at {ratio:.3g} x the GEMM efficiency, fitted by a validation")
-    if machine.k2_covers_other_kernels:
+    dm = cal.device_model
+    if machine.k2_covers_other_kernels and (dm is None or not dm.families):  # a device model replaces k1, k2
         notes.append(
             "k2 measured on traces: element-wise, normalisation and optimizer kernels are inside its 1 - k2 share "
             "(no separate memory-traffic or optimizer-step terms)"
