@@ -274,7 +274,9 @@ def build_system(
         return _node(System(cal, hw), ranks_per_node, notes), notes
     where = origin or f"calibration of {cal.system}"
     own = _saved_hardware(cal) or hardware_for_device(cal.device, cal.gpus_per_node)
-    notes.append(f"calibration {where} (system {cal.system})")
+    notes.append(
+        f"calibration {origin} (system {cal.system})" if origin else f"calibration of system {cal.system}"
+    )
     traced_k2 = System(cal, own or host_spec(cal)).k2_covers_other_kernels
     if hw is None:
         if own is None and not traced_k2:
