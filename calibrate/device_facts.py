@@ -195,15 +195,12 @@ def _ffn_from_gemms(g: pd.DataFrame, d: int, tokens: int, V: int) -> int | None:
     return int(dims.value_counts().idxmax()) if len(dims) else None
 
 
-def _groups(ops: pd.DataFrame, T: int, d: int, ffn: int, V: int, params: float, routed: int = 0, f_e: int = 0) -> pd.DataFrame:  # fmt: skip
-    """Memory-bound kernels grouped by the tensor they stream (largest input's width).  An MoE
-    run whose experts are narrower than ``ffn`` (``f_e``) has an "expert" group: tensors of the
-    ``routed`` = k T rows whose last width is a multiple of f_e and not of d (a width both
-    divide stays "d": the trace cannot tell them apart)."""
-    mb = ops[~ops["kernel_class"].isin(OWN_TERMS)]
-    # memsets zero buffers of the op that launched them: their bytes are not its inputs
-    numel = np.where(mb["kernel_class"].to_numpy() == "memset", 0, mb["numel"].to_numpy(np.int64))
-    lead = mb["lead"].to_numpy(np.int64) if "lead" in mb else numel
+def group_of(numel, lead, T: int, d: int, ffn: int, V: int, routed: int = 0, f_e: int = 0) -> np.ndarray:
+    """The group of each streamed tensor (``numel`` values, ``lead`` rows): by its width per
+    token.  An MoE run whose experts are narrower than ``ffn`` (``f_e``) has an "expert"
+    group: tensors of the ``routed`` = k T rows whose last width is a multiple of f_e and not
+    of d (a width both divide stays "d": the trace cannot tell them apart)."""
+    numel, lead = np.asarray(numel, dtype=np.int64), np.asarray(lead, dtype=np.int64)
     per_tok = (numel % T == 0) & (lead % T == 0)
     width = np.where(per_tok, numel // max(T, 1), 0)
     last = numel // np.maximum(lead, 1)
@@ -212,12 +209,22 @@ def _groups(ops: pd.DataFrame, T: int, d: int, ffn: int, V: int, params: float, 
         if routed > 0 and f_e > 0 and f_e != ffn
         else np.zeros(len(numel), dtype=bool)
     )
-    grp = np.select(
+    return np.select(
         [numel == 0, per_tok & (width % V == 0), expert, per_tok & (width % ffn == 0), per_tok,
          (numel % V == 0) & (numel // max(V, 1) <= 2 * d)],
         ["unsized", "vocab", "expert", "ffn", "d", "embed"],
         "param",
     )  # fmt: skip
+
+
+def _groups(ops: pd.DataFrame, T: int, d: int, ffn: int, V: int, params: float, routed: int = 0, f_e: int = 0) -> pd.DataFrame:  # fmt: skip
+    """Memory-bound kernels grouped by the tensor they stream (largest input's width,
+    :func:`group_of`)."""
+    mb = ops[~ops["kernel_class"].isin(OWN_TERMS)]
+    # memsets zero buffers of the op that launched them: their bytes are not its inputs
+    numel = np.where(mb["kernel_class"].to_numpy() == "memset", 0, mb["numel"].to_numpy(np.int64))
+    lead = mb["lead"].to_numpy(np.int64) if "lead" in mb else numel
+    grp = group_of(numel, lead, T, d, ffn, V, routed, f_e)
     df = pd.DataFrame(
         {
             "group": grp,

@@ -37,7 +37,7 @@ from dataclasses import replace
 
 import numpy as np
 from calib.calibrate import device_step as D
-from calib.calibrate.device_facts import RunFacts
+from calib.calibrate.device_facts import RunFacts, group_of
 from calib.calibrate.device_model import DeviceModel, MoeTerms
 from calib.calibrate.params import Param
 
@@ -83,18 +83,11 @@ def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
 
 
 def shared_group(f: RunFacts) -> str | None:
-    """The group (device_facts._groups) the shared experts' token rows of width
-    ``shared_ffn`` land in: "ffn" for a multiple of ffn; "expert" for top-1 routing (routed
-    rows = token rows) and a multiple of the expert width but not of d; else "d"."""
-    w = f.shared_ffn
-    if w <= 0:
+    """The group (device_facts.group_of) the shared experts' T token rows of width
+    ``shared_ffn`` land in (with top-1 routing the routed rows are the token rows)."""
+    if f.shared_ffn <= 0:
         return None
-    if w % f.ffn == 0:
-        return "ffn"
-    f_e = f.expert_ffn
-    if f.top_k == 1 and f_e and f_e != f.ffn and w % f_e == 0 and w % f.d != 0:
-        return "expert"
-    return "d"
+    return str(group_of([f.T * f.shared_ffn], [f.T], f.T, f.d, f.ffn, f.V, f.T * f.top_k, f.expert_ffn)[0])
 
 
 def structure(f: RunFacts) -> str:
