@@ -54,6 +54,7 @@ class SizeSeries:
     time_s: np.ndarray  # median over repetitions
     n_samples: int  # measurements behind the medians
     source: str
+    time_se_s: np.ndarray | None = None  # standard error of each size's mean (repetitions' scatter)
 
 
 def size_series(samples: pd.DataFrame, source: str) -> list[SizeSeries]:
@@ -77,7 +78,7 @@ def size_series(samples: pd.DataFrame, source: str) -> list[SizeSeries]:
     both = both[(both["bytes"] > 0) & np.isfinite(both["t"]) & (both["t"] > 0)]
     med = (
         both.groupby(["collective", "nranks", "nnodes", "gpus_per_node", "bytes"], sort=True)["t"]
-        .agg(["median", "size"])
+        .agg(["median", "size", "std"])
         .reset_index()
     )
     out = []
@@ -92,6 +93,7 @@ def size_series(samples: pd.DataFrame, source: str) -> list[SizeSeries]:
                 time_s=g["median"].to_numpy(dtype=float) * 1e-6,
                 n_samples=int(g["size"].sum()),
                 source=source,
+                time_se_s=(g["std"] / np.sqrt(g["size"])).to_numpy(dtype=float) * 1e-6,
             )
         )
     return out

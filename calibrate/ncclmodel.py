@@ -22,10 +22,17 @@ model follows it:
   channel), so the step runs at the NIC level; inside a node the NVLink curves apply
   (``Calibration.collective_time_s``).
 * **Tree** (all-reduce only; NCCL's double binary tree across nodes, a chain inside each
-  node): ``A * L_tuner + NIC bytes / (B_tree * share * treeCorrectionFactor)`` with the
-  latency, protocol share and correction of the protocol NCCL's tuner picks
-  (:func:`calibrate.nccltuner.tree_parts`), a fitted scale A, and the bytes each node's
-  NICs carry (:func:`tree_nic_bytes`: S at 2 nodes, 2 S beyond).  A tree's neighbours
+  node).  Simple protocol: a pipeline (:func:`tree_pipeline_s`).  NCCL cuts each channel's
+  share into chunks (``enqueue.cc``: 512 KiB, halved while the message is short of 8, 4, 1
+  chunks per tree level) and every chunk climbs ``depth`` hops and comes back down
+  (``connect.cc``: depth = ranks per node - 1 + log2i(nodes)): (chunks + 2 depth - 1)
+  slots, each a per-hop cost ``alpha_hop`` (fitted) plus the slot's NIC bytes
+  (:func:`tree_nic_bytes` per byte: 1 at 2 nodes, 2 beyond) at the NIC rate the ring step
+  reaches.  Small chunks make mid-size trees slow; 512 KiB chunks bring a large tree close
+  to the ring's bandwidth, as NCCL's own tuner assumes (tree busBw = 0.92 x ring's).
+  LL / LL128: ``A * L_tuner + NIC bytes / (B_tree * share * treeCorrectionFactor)`` with
+  the latency, protocol share and correction of the protocol NCCL's tuner picks
+  (:func:`calibrate.nccltuner.tree_parts`) and a fitted scale A.  A tree's neighbours
   (node i and nodes 2i, 2i+1) lie anywhere in the machine, like all-to-all peers and
   unlike a ring's, so its bytes get the topology's contention factor too.
 * **The choice**: NCCL takes the algorithm/protocol of least *modelled* time in its own
@@ -206,12 +213,20 @@ def time_s(
         scale = max(_v(params, "tree_lat_scale", shift), 0.0)
         b_tree = max(_v(params, "tree_busbw_gbps", shift, -1.0), 1e-6)
     tables = f.get("tuner", 0.0) > 0
-    t_tree = tree_time_s(S, n, gpn, scale, b_tree, contention(nodes, f), graph, tables=tables)
+    cont = contention(nodes, f)
+    t_tree = tree_time_s(S, n, gpn, scale, b_tree, cont, graph, tables=tables)
     if tables:
         # NCCL runs what its own cost model picks, not the faster of the two (nccltuner)
         use_tree = nccltuner.allreduce_choice(S, n, gpn, graph)[0] == "tree"
     else:
+        # a tuner decides by a cost of its form, fitted here (tree_time_s), not the pipeline's
         use_tree = t_tree < t_ring
+    if "tree_hop_s" in params:
+        # what a Simple-protocol tree costs: chunks pipelined over its depth (tree_pipeline_s)
+        proto = nccltuner.tree_parts(S, n, gpn, graph, tables=tables)[0]
+        hop = max(_v(params, "tree_hop_s", shift), 0.0)
+        pipe = tree_pipeline_s(S, n, gpn, hop, segs[-1].busbw_gbps.value, cont, graph.n_channels)
+        t_tree = np.where(proto == "Simple", pipe, t_tree)
     return np.where(use_tree, t_tree, t_ring), np.where(use_tree, "tree", "ring")
 
 
@@ -251,6 +266,45 @@ def tree_time_s(
     _, lat_us, bw_factor = nccltuner.tree_parts(S, n, gpn, graph, tables=tables)
     nic_bytes = tree_nic_bytes(S, n / gpn)
     return scale * lat_us * 1e-6 + nic_bytes / (b_tree_gbps * 1e9 * bw_factor) * cont
+
+
+#: enqueue.cc (2.18-2.21): the Simple tree's chunk starts at one step (512 KiB) and is halved
+#: while nBytes / (nChannels x chunk) < depth x mult and the chunk exceeds the floor
+TREE_CHUNK_RULE = ((8.0, 131072.0), (4.0, 65536.0), (1.0, 32768.0))
+
+
+def tree_depth(n_gpus: ArrayLike, gpus_per_node: float) -> np.ndarray:
+    """connect.cc ``connectTrees``: depth = nRanks / nNodes - 1 + log2i(nNodes)."""
+    n = np.asarray(n_gpus, dtype=float)
+    nodes = np.maximum(np.round(n / gpus_per_node), 1.0)
+    return n / nodes - 1.0 + nccltuner.log2i(nodes)
+
+
+def tree_chunk_bytes(nbytes: ArrayLike, depth: ArrayLike, n_channels: float) -> np.ndarray:
+    """The Simple tree's chunk size, NCCL's rule (``TREE_CHUNK_RULE``; integer division as in C)."""
+    S, d = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(depth, dtype=float))
+    chunk = np.full(S.shape, NCCL_SIMPLE_STEP_BYTES)
+    for mult, floor in TREE_CHUNK_RULE:
+        for _ in range(4):  # 512 KiB -> 32 KiB is four halvings at most
+            chunk = np.where(
+                (np.floor(S / (n_channels * chunk)) < d * mult) & (chunk > floor), chunk / 2.0, chunk
+            )
+    return chunk
+
+
+def tree_pipeline_s(S, n, gpn: float, hop_s: float, node_gbps: float, cont, n_channels: float) -> np.ndarray:
+    """NCCL's Simple-protocol tree all-reduce as a pipeline: each channel's share in chunks
+    (:func:`tree_chunk_bytes`) climbs ``depth`` hops and comes back down, so the collective
+    takes (chunks + 2 depth - 1) slots; a slot is ``hop_s`` plus the bytes the node's NICs
+    carry in it (the channels' chunks x :func:`tree_nic_bytes` per byte) at ``node_gbps``
+    (the ring step's NIC rate), slowed by ``cont``."""
+    S, n = np.broadcast_arrays(np.asarray(S, dtype=float), np.asarray(n, dtype=float))
+    depth = tree_depth(n, gpn)
+    chunk = tree_chunk_bytes(S, depth, n_channels)
+    chunks = np.maximum(np.ceil(S / (n_channels * chunk)), 1.0)
+    per_byte = tree_nic_bytes(1.0, n / gpn)
+    slot = hop_s + per_byte * n_channels * chunk / (node_gbps * 1e9) * cont
+    return (chunks + 2.0 * depth - 1.0) * slot
 
 
 def tree_nic_bytes(nbytes: ArrayLike, nodes: ArrayLike) -> np.ndarray:

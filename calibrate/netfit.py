@@ -29,9 +29,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from calib.calibrate import ncclmodel, nccltuner, ringfill
+from calib.calibrate import ncclmodel, ringfill, treefit
 from calib.calibrate.calibration import (
-    DEFAULT,
     FITTED,
     FIXED,
     CollectiveCurve,
@@ -40,7 +39,7 @@ from calib.calibrate.calibration import (
     Param,
 )
 from calib.calibrate.collectives import SizeSeries, fit_curve
-from scipy.optimize import least_squares
+from calib.calibrate.netparams import fixed, lsq, param
 
 from calib.core.collective_names import (
     ALLGATHER,
@@ -55,11 +54,7 @@ from calib.core.collective_names import (
 from calib.core.errors import InputError
 
 MIN_FIT_BYTES = 256 * 1024.0
-#: an all-reduce size faster than this fraction of the ring's time ran NCCL's tree
-TREE_RATIO = 0.8
-#: NCCL's tuner decides ring/tree when it reproduces this fraction of the logged choices
-#: at the fitted scale (sizes >= MIN_FIT_BYTES; a stated default: 9 in 10)
-TUNER_AGREEMENT = 0.9
+TREE_RATIO = treefit.TREE_RATIO
 S_REF = float(2**30)
 Pair = tuple[CollectiveCurve, SizeSeries]
 
@@ -94,7 +89,7 @@ def fit_nccl(
             )
         marg, marg_params = ringfill.fit_marginal(inter, min_bytes=MIN_FIT_BYTES, tree_ratio=TREE_RATIO)
         for coll in (ALLGATHER, REDUCESCATTER):
-            base = {"gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines"), **marg_params}
+            base = {"gpus_per_node": fixed(gpn, "from the nccl-tests rank lines"), **marg_params}
             derived = coll not in inter
             src = inter.get(coll) or inter.get(ALLGATHER) or inter.get(REDUCESCATTER) or inter[ALLREDUCE]
             out[coll] = _scaling(coll, base, steps, src, gpn, derived=derived, used=used, marginal=marg)
@@ -107,9 +102,9 @@ def fit_nccl(
     if steps is not None:
         src = inter.get(ALLGATHER) or next(iter(inter.values()))
         for coll in (BROADCAST, REDUCE, SENDRECV):
-            base = {"gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines")}
+            base = {"gpus_per_node": fixed(gpn, "from the nccl-tests rank lines")}
             if coll != SENDRECV:
-                base["pipeline_bytes"] = _fixed(
+                base["pipeline_bytes"] = fixed(
                     ncclmodel.NCCL_SIMPLE_STEP_BYTES,
                     "NCCL Simple step (buffSize 4 MiB / NCCL_STEPS 8): the chain forwards pieces of this size",
                     unit="B",
@@ -165,7 +160,7 @@ def _scaling(
 ) -> NetworkScaling:
     params = {
         **params,
-        "s_ref_bytes": _fixed(S_REF, "reference message of eff_{g->n}", unit="B"),
+        "s_ref_bytes": fixed(S_REF, "reference message of eff_{g->n}", unit="B"),
         "derived": Param(
             1.0 if derived else 0.0,
             status=FIXED,
@@ -206,27 +201,6 @@ def _measured_eff(coll: str, src: Sequence[Pair]) -> tuple[tuple[int, float], ..
     return tuple(out)
 
 
-# ---- least squares with standard errors ---------------------------------------------------
-def _lsq(resid, x0, lower, upper, where: str, what: str, n_pts: int):
-    sol = least_squares(
-        resid,
-        np.asarray(x0, float),
-        bounds=(lower, upper),
-        x_scale=np.abs(x0) + 1e-12,
-        loss="soft_l1",
-        f_scale=0.1,
-    )
-    if not sol.success or not np.all(np.isfinite(sol.x)):
-        raise InputError(where, f"{what}: fit did not converge on {n_pts} points ({sol.message})")
-    r = resid(sol.x)
-    dof = len(r) - len(sol.x)
-    se = np.full(len(sol.x), np.nan)
-    if dof > 0:
-        cov = np.linalg.pinv(sol.jac.T @ sol.jac) * float(r @ r) / dof
-        se = np.sqrt(np.clip(np.diag(cov), 0, None))
-    return sol.x, se, r
-
-
 def _quality(r_log: np.ndarray, y: np.ndarray, note: str) -> FitQuality:
     rel = np.exp(-r_log) - 1.0  # busbw pred / meas - 1 = t_meas / t_pred - 1
     ss_tot = float(np.sum((y - y.mean()) ** 2))
@@ -237,6 +211,13 @@ def _quality(r_log: np.ndarray, y: np.ndarray, note: str) -> FitQuality:
         max_abs_rel_err=float(np.max(np.abs(rel))),
         residuals=tuple(float(x) for x in rel),
         note=note,
+    )
+
+
+def _point_se(pairs: Sequence[Pair]) -> np.ndarray:
+    """Standard error of each size's time, in the order of ``_points(pairs, 0.0)`` (nan unknown)."""
+    return np.concatenate(
+        [s.time_se_s if s.time_se_s is not None else np.full(len(s.bytes), np.nan) for _, s in pairs]
     )
 
 
@@ -278,57 +259,11 @@ def _fit_allreduce(
     rho, se_rho = float(np.median(rr)), float(np.std(rr) / np.sqrt(max(len(rr) - 1, 1)))
     nic = float(topo.get("node_nic_gbps", 0.0))
     graph = ncclmodel.tuner_graph({"tuner_busbw_gbps": nic}, steps.segments)
-    tree_choice = nccltuner.allreduce_choice(S[big], n[big], gpn, graph)[0] == "tree"
-    agree = float(np.mean(tree_choice == is_tree[big]))
-    use_tuner = agree >= TUNER_AGREEMENT
-    tree_proto, lat_us, bwf = nccltuner.tree_parts(S, n, gpn, graph, tables=use_tuner)
-    bus = ncclmodel.tree_nic_bytes(S, n / gpn) * 1e-9 * ncclmodel.contention(n / gpn, topo) / bwf
-    cap = ncclmodel.NCCL_TREE_BW_FACTOR * steps.segments[-1].busbw_gbps.value
+    tree = treefit.fit_tree(S, n, T, _point_se(pairs), is_tree, big, gpn, steps, topo, graph, where)
     scales = sorted({int(v) for v in n})
-    tree_note = f"{int(is_tree.sum())} of {len(T)} sizes at {scales} GPUs ran below {TREE_RATIO} x the " \
-        "ring's time (NCCL's tree)"  # fmt: skip
-    extra: dict[str, Param] = {}
-    lat_what = "tree latency over NCCL's (tuning.cc 2.20.3 tree row of the protocol the tuner picks)"
-    # with the tuner's tables every tree size has its protocol's latency and bandwidth; without
-    # them only Simple-protocol sizes (>= MIN_FIT_BYTES) fit the Simple tree
-    m = is_tree if use_tuner else is_tree & big
-    if m.sum() >= 3:
-        b0 = min(float(np.median(bus[m] / T[m])), 0.9 * cap)
-        x, se, _ = _lsq(
-            lambda x: np.log(x[0] * lat_us[m] * 1e-6 + bus[m] / x[1]) - np.log(T[m]),
-            [1.0, b0], [0.0, 1e-3], [1e4, cap], where, "all-reduce tree", int(m.sum()),
-        )  # fmt: skip
-        # the LL tree's bandwidth is the tuner's guess (busBw / 3.8): the tree's bandwidth is
-        # taken as measured only when a Simple-protocol tree size is among the points
-        n_simple = int((m & (tree_proto == "Simple")).sum())
-        unseen = n_simple < 1 or x[1] >= cap * (1 - 1e-6) or not np.isfinite(se[1]) or se[1] > 0.5 * x[1]
-        if unseen:
-            # the tree sizes are latency-bound: their bandwidth is not in the logs
-            x, se, _ = _lsq(
-                lambda x: np.log(x[0] * lat_us[m] * 1e-6 + bus[m] / cap) - np.log(T[m]),
-                [x[0]], [0.0], [1e4], where, "all-reduce tree latency", int(m.sum()),
-            )  # fmt: skip
-            bw = Param(cap, unit="GB/s", status=DEFAULT, note=f"{tree_note}, {n_simple} of them Simple-protocol: default "
-                       f"{ncclmodel.NCCL_TREE_BW_FACTOR} x the ring step plateau (tuning.cc tree busBw x .92)")  # fmt: skip
-        else:
-            bw = _param(x[1], se[1], "GB/s", FITTED, "tree bandwidth per NIC direction (2 S bytes beyond 2 nodes, "
-                        f"S at 2), before NCCL's treeCorrectionFactor; {n_simple} Simple-protocol sizes; {tree_note}")  # fmt: skip
-        lat = _param(x[0], se[0], "", FITTED, f"{lat_what}; {tree_note}")
-    else:
-        # no tree regime in the data: NCCL's own tree model, scaled like the measured ring
-        # (its step latency over NCCL's ring Simple hwLat, NET 14 us), busbw 0.92 x ring
-        a_ring, cap = ncclmodel.tree_from_ring(steps.segments)
-        why = f"{tree_note}: too few to fit; default"
-        lat = Param(
-            a_ring, status=DEFAULT, note=f"{why}: the ring step latency over NCCL's ring NET Simple 14 us"
-        )
-        bw = Param(
-            cap, unit="GB/s", status=DEFAULT, note=f"{why}: NCCL's tree factor 0.92 x the ring step plateau"
-        )
-        extra["tree_from_ring"] = _fixed(1.0, "tree parameters follow the ring step (and its +-1 sigma band)")
     params = {
-        "gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines"),
-        "ring_step_ratio": _param(
+        "gpus_per_node": fixed(gpn, "from the nccl-tests rank lines"),
+        "ring_step_ratio": param(
             rho,
             se_rho,
             "",
@@ -338,9 +273,8 @@ def _fit_allreduce(
         ),  # fmt: skip
         **_topology_params(topo, topo_note),
         **marg_params,
-        "tree_lat_scale": lat,
-        "tree_busbw_gbps": bw,
-        "tuner_busbw_gbps": _fixed(
+        **tree,
+        "tuner_busbw_gbps": fixed(
             graph.busbw_gbps,
             "NCCL graph bandwidth for its tuner: "
             + (
@@ -350,17 +284,6 @@ def _fit_allreduce(
             ),
             unit="GB/s",
         ),  # fmt: skip
-        "tuner": _fixed(
-            1.0 if use_tuner else 0.0,
-            f"NCCL 2.20.3's tuner (calibrate/nccltuner.py) picks ring/tree as the logs did on {100 * agree:.0f} % "
-            f"of the sizes >= {MIN_FIT_BYTES / 1024:.0f} KiB at {scales} GPUs: "
-            + (
-                "it decides the algorithm"
-                if use_tuner
-                else f"below {100 * TUNER_AGREEMENT:.0f} %, so its tables are not this NCCL's; the faster modelled algorithm is taken"
-            ),
-        ),  # fmt: skip
-        **extra,
     }
     ns = _scaling(ALLREDUCE, params, steps, pairs, gpn, derived=False, used="", marginal=marg)
     t_pred, _ = ns.model_time_s(S[big], n[big])
@@ -393,12 +316,12 @@ def _fit_alltoall(
         if split
         else ([1e-5, bw0], [0.0, 1e-3], [1.0, 1e4])
     )
-    x, se, r = _lsq(resid, x0, lo, hi, where, "all-to-all", len(T))
+    x, se, r = lsq(resid, x0, lo, hi, where, "all-to-all", len(T))
     scales = sorted({int(v) for v in n})
     thr = f"{ncclmodel.NCCL_P2P_LL_THRESHOLD_BYTES / 1024:.0f} KiB (enqueue.cc P2P_LL_THRESHOLD)"
     params = {
-        "gpus_per_node": _fixed(gpn, "from the nccl-tests rank lines"),
-        "per_peer_s": _param(
+        "gpus_per_node": fixed(gpn, "from the nccl-tests rank lines"),
+        "per_peer_s": param(
             x[0],
             se[0],
             "s",
@@ -407,14 +330,14 @@ def _fit_alltoall(
             if split
             else "cost per peer (n - 1 peers)",
         ),  # fmt: skip
-        "node_busbw_gbps": _param(x[1], se[1], "GB/s", FITTED, "bytes leaving a node per second (its NICs)"),
+        "node_busbw_gbps": param(x[1], se[1], "GB/s", FITTED, "bytes leaving a node per second (its NICs)"),
         **_topology_params(topo, topo_note),
     }
     if split:
-        params["per_peer_ll_s"] = _param(
+        params["per_peer_ll_s"] = param(
             x[2], se[2], "s", FITTED, f"cost per peer, LL: per-peer message <= {thr}"
         )
-        params["p2p_ll_threshold_bytes"] = _fixed(ncclmodel.NCCL_P2P_LL_THRESHOLD_BYTES, thr, unit="B")
+        params["p2p_ll_threshold_bytes"] = fixed(ncclmodel.NCCL_P2P_LL_THRESHOLD_BYTES, thr, unit="B")
     q = _quality(r, np.log(T), f"per-peer cost + node NIC bytes at {scales} GPUs, all sizes")
     return _scaling(ALLTOALL, params, _no_steps(), pairs, gpn, derived=False, used="", quality=q)
 
@@ -422,20 +345,12 @@ def _fit_alltoall(
 def _topology_params(topo: Mapping[str, float], note: str) -> dict[str, Param]:
     src = note or "no topology in the system spec: no contention term"
     return {
-        "topology": _fixed(float(topo.get("topology", 0.0)), f"0 none, 1 dragonfly, 2 fat tree; {src}"),
-        "nodes_per_group": _fixed(float(topo.get("nodes_per_group", 0.0)), src),
-        "global_taper": _fixed(float(topo.get("global_taper", 1.0)), src),
+        "topology": fixed(float(topo.get("topology", 0.0)), f"0 none, 1 dragonfly, 2 fat tree; {src}"),
+        "nodes_per_group": fixed(float(topo.get("nodes_per_group", 0.0)), src),
+        "global_taper": fixed(float(topo.get("global_taper", 1.0)), src),
     }
 
 
 def _no_steps() -> CollectiveCurve:
     p = Param(0.0, status=FIXED)
     return CollectiveCurve(SENDRECV, 2, 2, 1, alpha_s=p, busbw_gbps=p, source="")
-
-
-def _param(v: float, se: float, unit: str, status: str, note: str) -> Param:
-    return Param(float(v), stderr=float(se) if np.isfinite(se) else None, unit=unit, status=status, note=note)
-
-
-def _fixed(v: float, note: str, unit: str = "") -> Param:
-    return Param(float(v), unit=unit, status=FIXED, note=note)

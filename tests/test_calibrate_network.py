@@ -148,7 +148,7 @@ def test_selfcheck_two_to_eight_nodes(samples):
     s = summary(table)
     assert s["points"] == 33 and set(table["nodes"]) == {8} and set(table["fit_nodes"]) == {2}
     assert s["median_abs_error"] <= 0.10  # the bound
-    assert s["median_abs_error"] <= 0.045  # as reached (docs/network.md: 4.2 %)
+    assert s["median_abs_error"] <= 0.045  # as reached (docs/network.md: 4.0 %)
     for coll in ("allreduce", "allgather", "alltoall"):
         assert s[f"median_abs_error_{coll}"] <= 0.06, coll
     # large messages, where the ring bandwidth rules, within 6 %
@@ -159,7 +159,7 @@ def test_selfcheck_two_to_eight_nodes(samples):
 #: median |error| of the 2 -> 8-node self-check per population as measured (docs/network.md),
 #: rounded up to the next half percent: a regression in any population fails here
 SELFCHECK_MEDIAN = {
-    ("", 1): 0.125, ("", 2): 0.06, ("", 3): 0.095, ("", 4): 0.10, ("", 5): 0.125,
+    ("", 1): 0.125, ("", 2): 0.06, ("", 3): 0.125, ("", 4): 0.115, ("", 5): 0.115,
     ("2.21", 1): 0.055, ("2.21", 4): 0.075, ("2.21", 5): 0.045,
 }  # fmt: skip
 
