@@ -15,7 +15,8 @@ Three fits, each from the inter-node (curve, series) pairs of one population:
    over every inter-node scale, sizes >= :data:`MIN_FIT_BYTES`: rho (all-reduce step over
    all-gather step: the reduction), A (tree latency over NCCL's table) and B_tree, by
    ``scipy.optimize.least_squares`` on log-time residuals with a soft-L1 loss (NCCL's
-   tuner sometimes picks the slower algorithm; one such size must not drag the fit).
+   tuner sometimes picks the slower algorithm; one such size must not drag the fit); the
+   Simple-protocol tree's per-hop cost for its pipeline (:mod:`calibrate.treefit`).
 3. **All-to-all**: ``(n-1) l_peer + gpn S (n-gpn)/n / B_node * contention(nodes)``: l_peer
    and B_node fitted on every inter-node scale, the contention factor fixed from the
    system spec's topology.

@@ -11,6 +11,8 @@ from calib.core.errors import InputError
 
 
 def lsq(resid, x0, lower, upper, where: str, what: str, n_pts: int):
+    """Bounded soft-L1 least squares: (x, standard errors sigma^2 (J^T J)^-1, nan without
+    residual degrees of freedom, residuals); a fit that does not converge is an InputError."""
     sol = least_squares(
         resid,
         np.asarray(x0, float),
