@@ -126,6 +126,9 @@ def fit_hop(S, n, T, T_se, gpn, steps, topo, graph, where: str, note: str) -> Pa
     x, se, _ = lsq(
         lambda x: np.log(model(x[0])) - np.log(T), [a0], [0.0], [1.0], where, "Simple tree", len(S)
     )
+    if x[0] <= 1e-9:
+        what += ("at its lower bound 0: the slots' NIC bytes alone are slower than these sizes ran, so the "
+                 "pipeline does not describe this transport (seen on TCP sockets); ")  # fmt: skip
     if len(S) == 1:
         # no residual degrees of freedom: the scatter of the size's repetitions, carried through
         se = np.array([T_se[0] / slots[0] if np.isfinite(T_se[0]) else np.nan])

@@ -89,3 +89,17 @@ def test_large_tree_runs_near_the_ring_where_the_tuner_picks_it(samples):
     assert busbw[1] > 0.75 * busbw[0]
     hop = ar.params["tree_hop_s"]
     assert hop.status == "fitted" and hop.stderr is not None and "repetitions" in hop.note
+
+
+def test_hop_at_its_bound_says_so(samples):
+    """NCCL 2.18 setup 2 runs over TCP sockets (3.4 GB/s plateau): its 2-node tree sizes ran
+    faster than their NIC bytes at the ring's rate allow, the per-hop cost ends at its bound
+    0, and the parameter's note says the pipeline does not describe that transport."""
+    pop = _pop(samples, "", 2)
+    nets, _ = fit_nccl(fit_pairs(pop[pop["nnodes"] == 2]), where="t", topology=POLARIS_TOPOLOGY)
+    hop = nets["allreduce"].params["tree_hop_s"]
+    assert hop.value == pytest.approx(0.0, abs=1e-9) and "lower bound" in hop.note
+    pop = _pop(samples, "", 3)
+    nets, _ = fit_nccl(fit_pairs(pop[pop["nnodes"] == 2]), where="t", topology=POLARIS_TOPOLOGY)
+    hop = nets["allreduce"].params["tree_hop_s"]
+    assert 5e-6 < hop.value < 15e-6 and "lower bound" not in hop.note
