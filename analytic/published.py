@@ -1,6 +1,9 @@
 """Adapters: the four published tables in ../shared/data/published -> the validation schema.
 
-Each adapter states what the table does not say and where the missing knob comes from:
+Each adapter states what the table does not say and where the missing knob comes from.
+The three Megatron tables (2020-2022) ran Megatron's own unfused attention (scaled masked
+softmax kernels; FlashAttention is of May 2022, and Korthikanti et al.'s selective
+recompute exists because the s x s scores are kept): ``flash_attention`` false, stated.
 
 * ``sc21``  Megatron SC21 Table 1.  Micro-batch, interleaving (layers per virtual stage)
   and the DDP implementation per model from NVIDIA/Megatron-LM examples/sc21/
@@ -102,6 +105,7 @@ def _sc21(df: pd.DataFrame) -> pd.DataFrame:
         "dp": df["num_gpus"] // (df["tensor_parallel"] * df["pipeline_parallel"]),
         "micro_batch": mb, "global_batch": df["global_batch_size"], "interleave": interleave,
         "zero": 0, "recompute": "full", "seq_parallel": False, "dp_overlap": run.map(lambda r: r[2]),
+        "flash_attention": False,
         "measured_tflops_per_gpu": df["achieved_tflops_per_gpu"], "tflops_convention": "megatron_eq3",
         "group": np.where(df["pipeline_parallel"] > 1, "pp", "tp-only"),
         "source": df["source"],
@@ -116,7 +120,7 @@ def _korthikanti(df: pd.DataFrame) -> pd.DataFrame:
         "gpus": df["num_gpus"], "tp": df["tensor_parallel"], "pp": df["pipeline_parallel"],
         "dp": df["data_parallel"], "micro_batch": df["microbatch_size"], "global_batch": df["global_batch_size"],
         "interleave": df["model"].astype(str).map(_KORTHIKANTI_INTERLEAVE).fillna(1).astype(int),
-        "zero": 0, "dp_overlap": False, "source": df["source"],
+        "zero": 0, "dp_overlap": False, "flash_attention": False, "source": df["source"],
     })  # fmt: skip
     short = df["model"].astype(str).str.split(" ").str[0]
     full = base.assign(label="k22-" + short + "-full", recompute="full", seq_parallel=False,
@@ -138,7 +142,7 @@ def _megatron2020(df: pd.DataFrame) -> pd.DataFrame:
         "seq_len": df["seq_len"], "vocab": df["vocab_size"],
         "gpus": df["num_gpus"], "tp": tp, "pp": 1, "dp": dp,
         "micro_batch": df["global_batch_size"] // dp, "global_batch": df["global_batch_size"],
-        "zero": 0, "recompute": "full", "seq_parallel": False, "dp_overlap": False,
+        "zero": 0, "recompute": "full", "seq_parallel": False, "dp_overlap": False, "flash_attention": False,
         "measured_iter_s": df["iteration_time_ms"] / 1000.0,
         "group": np.where(df["num_gpus"] > 8, "dp", "tp"),
         "source": df["source"],

@@ -31,6 +31,7 @@ from calib.analytic.memory import overflow_term
 from calib.analytic.specs import ModelSpec, load_hardware
 from calib.analytic.strategy import Strategies, check_config, valid_mask
 from calib.analytic.timemodel import System, comm_times, evaluate
+from calib.analytic.vattention import settle as settle_attention
 from calib.analytic.vfit import FIT_PARAMS, FITS, fit
 from calib.analytic.vshape import columns_of, row_models
 from calib.analytic.vsummary import by_group, extrapolation_notes
@@ -314,6 +315,7 @@ def validate(
     if sum(x is not None and x is not False for x in (calibrate_on, holdout, loo or None)) > 1:
         raise InputError("calibrate_on", "give at most one of calibrate_on, holdout, loo")
     systems = systems_for(df, base, where)
+    df, table_notes = settle_attention(df, systems)
     check_rows(df, where, systems)
     table = Table.of(df)
     n = len(df)
@@ -326,6 +328,7 @@ def validate(
         if traced and fit_kind != "none":  # its kernels are timed from traces: nothing here to fit
             prm["notes"] = [f"no fit: the device model of {', '.join(traced)} times every kernel from its traces, "
                             "so the table's compute efficiencies do not apply; every row predicted as it gives them"]  # fmt: skip
+        _add_notes(prm, table_notes)
         return Validation(rows, summary, prm, "no fit: the calibration as given")
     if loo or (calibrate_on is None and holdout is None):
         if n < 2:
@@ -347,6 +350,7 @@ def validate(
         prm["at_bound"] = _fold_bounds(params, n)
         summary = _summary(rows, None, table.rows(systems))
         summary.update(FI.coverage(rows))
+        _add_notes(prm, table_notes)
         return Validation(rows, summary, prm, f"leave-one-out over {n} rows")
     if calibrate_on is not None:
         cal_rows = select_rows(df, calibrate_on)
@@ -368,10 +372,13 @@ def validate(
     rows = FI.with_interval(rows, table, fitted, prm)
     summary = _summary(rows, ~cal_rows, table.rows(systems))
     summary.update(FI.coverage(rows.loc[~cal_rows]))
-    beyond = extrapolation_notes(df, cal_rows)
-    if beyond:
-        prm["notes"] = [*prm.get("notes", []), *beyond]
+    _add_notes(prm, [*table_notes, *extrapolation_notes(df, cal_rows)])
     return Validation(rows, summary, prm, split, fitted)
+
+
+def _add_notes(prm: dict, notes: list[str]) -> None:
+    if notes:
+        prm["notes"] = [*prm.get("notes", []), *notes]
 
 
 def _annotate(rows: pd.DataFrame, df: pd.DataFrame, base: System | None) -> pd.DataFrame:

@@ -20,7 +20,7 @@ recompute              no        none | selective | full (default none; true/fal
                                  as full/none, activation checkpointing on/off)
 seq_parallel           no        true/false (default false)
 dp_overlap             no        DP/ZeRO comm overlapped with compute (default false)
-flash_attention        no        fused attention, no s x s tensors kept (default false)
+flash_attention        no        fused attention, no s x s tensors kept (blank: analytic.vattention)
 measured_iter_s        one of    measured seconds per iteration
 measured_tflops_per_gpu  these   measured TFLOP/s per GPU, counted per ``tflops_convention``
 measured_tokens_per_s_per_gpu    measured tokens/s per GPU
@@ -107,6 +107,9 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
     if missing:
         raise InputError(where, f"missing column(s) {', '.join(missing)} (the schema is in docs/analytic.md)")
     out = df.copy()
+    # a blank flash_attention is decided once the row's hardware is known (analytic.vattention)
+    fa = out["flash_attention"] if "flash_attention" in out.columns else pd.Series(np.nan, index=out.index)
+    fa_given = ~VS._blank(fa)
     for col, default in DEFAULTS.items():
         if col not in out.columns:
             out[col] = default
@@ -134,6 +137,7 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
         )
     for col in ("seq_parallel", "dp_overlap", "flash_attention"):
         out[col] = _bools(out, col, where)
+    out["flash_attention_given"] = fa_given.to_numpy(dtype=bool)
     out = VS.normalise_stack(out, where, _ints, _bools)
     if "dp" in out.columns and out["dp"].notna().any():
         dp = _ints(out.fillna({"dp": 0}), "dp", where)

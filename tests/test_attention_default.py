@@ -1,0 +1,66 @@
+"""A blank flash_attention in a validation table (analytic.vattention): fused for the
+generation that trains with fused attention, unfused for Megatron's GPT-3 era, said in a note.
+Checked against every value the repository's own transcribed tables state."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from calib.analytic.validate import systems_for, validate
+from calib.analytic.vattention import settle
+from calib.analytic.vtable import normalise
+
+from tests.conftest import FIXTURES
+
+PUB = FIXTURES / "published"
+STATED = (
+    "torchtitan_fsdp2_a100_llama",  # Llama 3 shapes on A100s: stated true
+    "llama3_405b_table4_scaling",  # H100s: true
+    "deepseek_v3_h800_pretraining",  # H800, MLA + experts: true
+    "megatron_sc21_table2_ptdp_vs_zero3",  # GPT-3 on A100s, s 2048: false
+    "bloom176b_bigscience_jean_zay_iteration_times",  # false
+    "mtnlg530b_smith2022_iteration_times",  # false
+)
+
+
+@pytest.mark.parametrize("name", STATED)
+def test_a_blank_column_reproduces_what_each_table_states(name):
+    """Drop the column the transcription states from its source and let the default decide:
+    every row of the six canonical tables (43 rows, 2021-2025) comes back as stated."""
+    raw = pd.read_csv(PUB / f"{name}.csv")
+    stated = raw["flash_attention"].astype(str).str.lower().eq("true").to_numpy()
+    df = normalise(raw.drop(columns="flash_attention"), name)
+    settled, notes = settle(df, systems_for(df, None, name))
+    np.testing.assert_array_equal(settled["flash_attention"].to_numpy(dtype=bool), stated)
+    assert notes and f"not given for {len(raw)} row(s): fused for {int(stated.sum())}" in notes[0]
+    # a stated value is never changed, and no note is made
+    kept, none = settle(normalise(raw, name), systems_for(df, None, name))
+    np.testing.assert_array_equal(kept["flash_attention"].to_numpy(dtype=bool), stated)
+    assert none == []
+
+
+def test_stated_false_on_a_modern_row_stays_false():
+    raw = pd.read_csv(PUB / "torchtitan_fsdp2_a100_llama.csv").assign(flash_attention=False)
+    df = normalise(raw, "t")
+    settled, notes = settle(df, systems_for(df, None, "t"))
+    assert not settled["flash_attention"].any() and notes == []
+
+
+def test_validate_predicts_the_defaulted_table_as_the_stated_one_and_says_so(tmp_path):
+    """The same errors with the column as without it, and the note on the command line."""
+    src = PUB / "torchtitan_fsdp2_a100_llama.csv"
+    blank = tmp_path / "no_flash.csv"
+    pd.read_csv(src).drop(columns="flash_attention").to_csv(blank, index=False)
+    a = validate(normalise(pd.read_csv(src), "a"), "a", calibrate_on="1,4")
+    b = validate(normalise(pd.read_csv(blank), "b"), "b", calibrate_on="1,4")
+    np.testing.assert_allclose(a.rows["err_pct"], b.rows["err_pct"])
+    assert any("flash_attention not given for 6 row(s): fused for 6" in n for n in b.params.get("notes", []))
+    out = subprocess.run(
+        [sys.executable, "-m", "calib.cli", "validate", str(blank), "--calibrate-on", "1,4"],
+        capture_output=True, text=True, check=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert "flash_attention not given for 6 row(s)" in out.stdout
