@@ -31,7 +31,7 @@ from calib.analytic.memory import overflow_term
 from calib.analytic.specs import ModelSpec, load_hardware
 from calib.analytic.strategy import Strategies, check_config, valid_mask
 from calib.analytic.timemodel import System, comm_times, evaluate
-from calib.analytic.vattention import settle as settle_attention
+from calib.analytic.vdefaults import settle as settle_defaults
 from calib.analytic.vfit import FIT_PARAMS, FITS, fit
 from calib.analytic.vshape import columns_of, row_models
 from calib.analytic.vsummary import by_group, extrapolation_notes
@@ -315,7 +315,7 @@ def validate(
     if sum(x is not None and x is not False for x in (calibrate_on, holdout, loo or None)) > 1:
         raise InputError("calibrate_on", "give at most one of calibrate_on, holdout, loo")
     systems = systems_for(df, base, where)
-    df, table_notes = settle_attention(df, systems)
+    df, table_notes = settle_defaults(df, systems)
     check_rows(df, where, systems)
     table = Table.of(df)
     n = len(df)

@@ -19,8 +19,8 @@ zero                   no        ZeRO stage 0-3 (default 0; FSDP FULL_SHARD = 3)
 recompute              no        none | selective | full (default none; true/false read
                                  as full/none, activation checkpointing on/off)
 seq_parallel           no        true/false (default false)
-dp_overlap             no        DP/ZeRO comm overlapped with compute (default false)
-flash_attention        no        fused attention, no s x s tensors kept (blank: analytic.vattention)
+dp_overlap             no        DP/ZeRO comm overlapped with compute (blank: analytic.vdefaults)
+flash_attention        no        fused attention, no s x s tensors kept (blank: analytic.vdefaults)
 measured_iter_s        one of    measured seconds per iteration
 measured_tflops_per_gpu  these   measured TFLOP/s per GPU, counted per ``tflops_convention``
 measured_tokens_per_s_per_gpu    measured tokens/s per GPU
@@ -107,9 +107,11 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
     if missing:
         raise InputError(where, f"missing column(s) {', '.join(missing)} (the schema is in docs/analytic.md)")
     out = df.copy()
-    # a blank flash_attention is decided once the row's hardware is known (analytic.vattention)
-    fa = out["flash_attention"] if "flash_attention" in out.columns else pd.Series(np.nan, index=out.index)
-    fa_given = ~VS._blank(fa)
+    # blank flash_attention / dp_overlap are decided once the row's hardware is known (analytic.vdefaults)
+    given = {
+        c: ~VS._blank(out[c] if c in out.columns else pd.Series(np.nan, index=out.index))
+        for c in ("flash_attention", "dp_overlap")
+    }
     for col, default in DEFAULTS.items():
         if col not in out.columns:
             out[col] = default
@@ -137,7 +139,8 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
         )
     for col in ("seq_parallel", "dp_overlap", "flash_attention"):
         out[col] = _bools(out, col, where)
-    out["flash_attention_given"] = fa_given.to_numpy(dtype=bool)
+    for c, g in given.items():
+        out[c + "_given"] = g.to_numpy(dtype=bool)
     out = VS.normalise_stack(out, where, _ints, _bools)
     if "dp" in out.columns and out["dp"].notna().any():
         dp = _ints(out.fillna({"dp": 0}), "dp", where)
