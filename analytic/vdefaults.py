@@ -48,6 +48,25 @@ def modern_shape(df: pd.DataFrame) -> np.ndarray:
     )
 
 
+def fused_attention_reason(model, hw) -> str | None:
+    """Why ``model`` on ``hw`` belongs to the fused-attention generation (module docstring), or
+    None: the same rule for ``calib predict`` / ``search`` as for a blank table column."""
+    kv = model.kv_heads or model.n_heads
+    why = [
+        w
+        for w, on in (
+            ("SwiGLU", model.mlp == "swiglu"),
+            ("grouped-query attention", kv < model.n_heads),
+            ("experts", model.n_experts > 0),
+            ("latent attention", bool(model.kv_lora_rank)),
+            (f"s >= {LONG_SEQ:,}", model.seq_len >= LONG_SEQ),
+            ("FP8-capable hardware", hw is not None and hw.peak_fp8_tflops is not None),
+        )
+        if on
+    ]
+    return ", ".join(why) or None
+
+
 def settle(df: pd.DataFrame, systems: dict) -> tuple[pd.DataFrame, list[str]]:
     """``df`` with every blank ``flash_attention`` and ``dp_overlap`` decided (module
     docstring), and a note per column saying how many rows were defaulted each way;

@@ -291,8 +291,14 @@ class SystemModel(SeedsMixin):
         spec = _model(model)
         machine, notes = self.machine(hardware)
         counts = [gpus] if isinstance(gpus, int) else list(gpus)
+        from calib.resolve import attention_default
+
+        # not given: fused for the fused-attention generation (analytic.vdefaults), said in a note
+        plan["flash_attention"], fnotes = attention_default(
+            plan.get("flash_attention"), spec, machine.hw, "flash_attention=False"
+        )
         result = run_predict(spec, machine, counts, Plan(recompute=recompute_code(recompute), **plan))
-        return replace(result, notes=notes + result.notes)
+        return replace(result, notes=notes + fnotes + result.notes)
 
     def search(
         self,
@@ -321,6 +327,11 @@ class SystemModel(SeedsMixin):
             raise InputError("global_batch", f"model {spec.label} has no default global batch; give one")
         machine, _ = self.machine(hardware)
         machine, _ = compiled_view(machine, spec, compiled)
+        from calib.resolve import attention_default
+
+        space["flash_attention"], fnotes = attention_default(
+            space.get("flash_attention"), spec, machine.hw, "flash_attention=False"
+        )
         pw = None
         if objective == "energy":
             from calib.commands.energy_cli import power_spec
@@ -336,7 +347,9 @@ class SystemModel(SeedsMixin):
             return df.assign(recompute=[RECOMPUTE_NAMES[i] for i in df["recompute"]],
                              schedule=[SCHEDULES[i] for i in df["schedule"]])  # fmt: skip
 
-        return replace(res, top=named(res.top), best_per_gpus=named(res.best_per_gpus))
+        return replace(
+            res, top=named(res.top), best_per_gpus=named(res.best_per_gpus), notes=[*fnotes, *res.notes]
+        )
 
     def validate(self, table: str | Path, **options: Any) -> Validation:
         """:func:`validate` with this model's machine for every row."""

@@ -210,3 +210,19 @@ def measured_series(cal: Calibration, store: Path) -> tuple[tuple, str]:
     if sel.samples.empty:
         return (), ""
     return tuple(size_series(sel.samples, prov.get("network_source", ""))), ""
+
+
+def attention_default(flash_attention: bool | None, model, hw, off: str) -> tuple[bool, list[str]]:
+    """Fused attention as given, or its default (``analytic.vdefaults``) with a note saying why;
+    ``off`` names how the caller turns it off."""
+    if flash_attention is not None:
+        return bool(flash_attention), []
+    from calib.analytic.vdefaults import fused_attention_reason
+
+    why = fused_attention_reason(model, hw)
+    if why is None:
+        return False, []  # analytic.predict's unfused note says what fused would change
+    return True, [
+        f"attention fused ({why}: the generation that trains with fused attention kernels; a stated default, "
+        f"{off} for Megatron's 2021 unfused attention)"
+    ]

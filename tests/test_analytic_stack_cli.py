@@ -166,10 +166,24 @@ def test_moe_options_on_the_command_line():
 
 
 def test_unfused_attention_is_said_and_fused_is_not():
-    """Without --flash-attention the model keeps and moves the s x s scores (Megatron 2021):
-    predict and search say so, naming the sequence; with it they say nothing."""
+    """With --no-flash-attention the model keeps and moves the s x s scores (Megatron 2021):
+    predict and search say so, naming the sequence; with --flash-attention they say nothing.
+    Given neither, a Llama 3 on H100s runs fused (analytic.vdefaults: SwiGLU, grouped-query
+    attention, s >= 4096, FP8-capable hardware) and the note says why and how to turn it off;
+    GPT-3 on A100s at s 2048 stays unfused, as Megatron ran it."""
     args = ("--hardware", "dgx-h100", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64")
+    gpt3 = ("--hardware", "dgx-a100-80gb", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64")
     for cmd in ("predict", "search"):
-        out = run(cmd, *args).output
+        out = run(cmd, *args, "--no-flash-attention").output
         assert "attention unfused" in out and "at s = 8192" in out and "flash-attention" in out, out
         assert "attention unfused" not in run(cmd, *args, "--flash-attention").output
+        out = run(cmd, *args).output
+        assert "attention unfused" not in out and "attention fused (SwiGLU, grouped-query attention" in out, (
+            out
+        )
+        assert "--no-flash-attention" in out
+        assert "attention unfused" in run(cmd, *gpt3).output
+    a = run("predict", *args).output
+    b = run("predict", *args, "--flash-attention").output
+    pick = [ln for ln in a.splitlines() if ln.strip().startswith("8 ")]
+    assert pick and pick == [ln for ln in b.splitlines() if ln.strip().startswith("8 ")]

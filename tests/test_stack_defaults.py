@@ -88,3 +88,19 @@ def test_a_blank_dp_overlap_is_on_for_zero3_rows_only():
         agree == 39
         and sorted(missed) == ["deepseek_v3_h800_pretraining"] + ["llama3_405b_table4_scaling"] * 3
     )
+
+
+def test_api_predict_and_search_take_the_same_default():
+    """The Python API applies the rule ``calib predict`` / ``search`` apply, with the note naming
+    ``flash_attention=False``; an explicit value is taken as given."""
+    import calib
+
+    m = calib.SystemModel.from_hardware("dgx-h100")
+    auto = m.predict("llama3-8b", 8, global_batch=64)
+    fused = m.predict("llama3-8b", 8, global_batch=64, flash_attention=True)
+    off = m.predict("llama3-8b", 8, global_batch=64, flash_attention=False)
+    assert auto.table["iter_s"].iloc[0] == fused.table["iter_s"].iloc[0] < off.table["iter_s"].iloc[0]
+    assert any("attention fused" in n and "flash_attention=False" in n for n in auto.notes)
+    assert not any("attention fused" in n for n in fused.notes)
+    res = m.search("llama3-8b", 8, global_batch=64)
+    assert any("attention fused" in n for n in res.notes)

@@ -93,7 +93,13 @@ Example:
     is_flag=True,
     help="Overlap DP/ZeRO collectives with backward (and ZeRO-3 forward) compute.",
 )
-@click.option("--flash-attention", is_flag=True, help="Fused attention: no s x s activations kept or moved.")
+@click.option(
+    "--flash-attention/--no-flash-attention",
+    default=None,
+    help="Fused attention (no s x s activations kept or moved), or Megatron's 2021 unfused attention.  "
+    "Default: fused for SwiGLU, grouped-query, MoE or latent-attention models, s >= 4096 or FP8-capable "
+    "hardware (the fused-attention generation), unfused otherwise; a note says which.",
+)
 @zero_impl_option
 @click.option("--shard-group", "shard", type=Int(0), default=0, show_default=True,
               help="Hybrid sharding (FSDP HYBRID_SHARD, MiCS): ZeRO-2/3 states sharded over this many DP "
@@ -138,7 +144,7 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
     from calib.analytic.predict import Plan
     from calib.analytic.predict import predict as run_predict
     from calib.commands import output
-    from calib.resolve import resolve_system
+    from calib.resolve import attention_default, resolve_system
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")
@@ -146,6 +152,8 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
     model = apply_moe(resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape), **moe)
     _check_tp_cols(model, tp, tp_cols, seq_parallel)
     machine, notes = resolve_system(system, calibration, hardware, store, ranks_per_node=ranks_per_node)
+    flash_attention, fnotes = attention_default(flash_attention, model, machine.hw, "--no-flash-attention")
+    notes = notes + fnotes
     plan = Plan(tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, global_batch=global_batch,
                 recompute=recompute_code(recompute), seq_parallel=seq_parallel, interleave=interleave,
                 dp_overlap=dp_overlap, flash_attention=flash_attention, fused_layers=fused_layers, tp_c=tp_cols,

@@ -109,7 +109,11 @@ Examples:
 @click.option("--max-tp", type=Int(1), help="Largest tensor-parallel size to consider.")
 @click.option("--no-interleave", is_flag=True, help="Do not consider interleaved pipeline schedules.")
 @click.option(
-    "--flash-attention", is_flag=True, help="Fused attention for every strategy (no s x s activations)."
+    "--flash-attention/--no-flash-attention",
+    default=None,
+    help="Fused attention for every strategy (no s x s activations), or Megatron's 2021 unfused attention.  "
+    "Default: fused for SwiGLU, grouped-query, MoE or latent-attention models, s >= 4096 or FP8-capable "
+    "hardware, unfused otherwise; a note says which.",
 )
 @click.option("--cp", "cp_sizes", help="Context-parallel sizes to consider, e.g. 1,2,4,8 (default 1).")
 @click.option("--cp-kind", type=Choice(("ring", "ulysses", "allgather")), default="ring", show_default=True,
@@ -202,6 +206,10 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     machine, compile_notes = compiled_view(machine, model, compiled)
     notes = notes + compile_notes
     from calib.analytic.predict import attention_note, network_note, sharded_span
+    from calib.resolve import attention_default
+
+    flash_attention, fnotes = attention_default(flash_attention, model, machine.hw, "--no-flash-attention")
+    notes = notes + fnotes
 
     notes = (
         notes
