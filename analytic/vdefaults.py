@@ -1,10 +1,10 @@
-"""Stack settings a validation row leaves blank: ``flash_attention`` and ``dp_overlap``.
+"""Stack settings a validation row (or a prediction) leaves unsaid: ``flash_attention``, ``dp_overlap``.
 
 **flash_attention.**  Until stop 30 a blank was always the unfused attention of Megatron in
 2021 (the s x s scores kept and moved).  That is what the GPT-3-era tables ran, and it is
 wrong for every stack of the generation after FlashAttention: a Llama 3 70B row at s = 8192
-on H100s came out 31 % slower unfused (251.7 against 362.5 TFLOP/s per GPU, ``calib
-predict``).  A blank is now fused where the row says it belongs to that generation:
+on H100s came out 31 % slower unfused (251.7 against 362.5 TFLOP/s per GPU; TP 8, PP 4,
+ZeRO-1, 512 GPUs).  A blank is now fused where the row says it belongs to that generation:
 
 * the model has SwiGLU, grouped- or multi-query attention, experts or latent attention
   (Llama, Mistral / Mixtral, Falcon, Qwen, DeepSeek: trained with fused attention kernels);
@@ -50,7 +50,7 @@ def modern_shape(df: pd.DataFrame) -> np.ndarray:
 
 def fused_attention_reason(model, hw) -> str | None:
     """Why ``model`` on ``hw`` belongs to the fused-attention generation (module docstring), or
-    None: the same rule for ``calib predict`` / ``search`` as for a blank table column."""
+    None: the same rule for a prediction or a search that is not told as for a blank table column."""
     kv = model.kv_heads or model.n_heads
     why = [
         w
