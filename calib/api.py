@@ -36,7 +36,16 @@ from calib.core.rundir import Run, read_run, write_run
 from calib.core.store import calibration_path, check_name, run_dir
 from calib.reports.inputs import Inputs
 from calib.reports.spec import PredictSpec
-from calib.resolve import gather, load_calibration, measured_series, resolve_run, store_path, system_runs
+from calib.resolve import (
+    attention_default,
+    gather,
+    load_calibration,
+    measured_series,
+    resolve_run,
+    stack_defaults,
+    store_path,
+    system_runs,
+)
 
 __all__ = [
     "NotFittedError",
@@ -291,12 +300,7 @@ class SystemModel(SeedsMixin):
         spec = _model(model)
         machine, notes = self.machine(hardware)
         counts = [gpus] if isinstance(gpus, int) else list(gpus)
-        from calib.resolve import attention_default
-
-        # not given: fused for the fused-attention generation (analytic.vdefaults), said in a note
-        plan["flash_attention"], fnotes = attention_default(
-            plan.get("flash_attention"), spec, machine.hw, "flash_attention=False"
-        )
+        plan, fnotes = stack_defaults(plan, spec, machine.hw)  # analytic.vdefaults, said in notes
         result = run_predict(spec, machine, counts, Plan(recompute=recompute_code(recompute), **plan))
         return replace(result, notes=notes + fnotes + result.notes)
 
@@ -327,11 +331,7 @@ class SystemModel(SeedsMixin):
             raise InputError("global_batch", f"model {spec.label} has no default global batch; give one")
         machine, _ = self.machine(hardware)
         machine, _ = compiled_view(machine, spec, compiled)
-        from calib.resolve import attention_default
-
-        space["flash_attention"], fnotes = attention_default(
-            space.get("flash_attention"), spec, machine.hw, "flash_attention=False"
-        )
+        space["flash_attention"], fnotes = attention_default(space.get("flash_attention"), spec, machine.hw)
         pw = None
         if objective == "energy":
             from calib.commands.energy_cli import power_spec
@@ -348,7 +348,7 @@ class SystemModel(SeedsMixin):
                              schedule=[SCHEDULES[i] for i in df["schedule"]])  # fmt: skip
 
         return replace(
-            res, top=named(res.top), best_per_gpus=named(res.best_per_gpus), notes=[*fnotes, *res.notes]
+            res, top=named(res.top), best_per_gpus=named(res.best_per_gpus), notes=(*fnotes, *res.notes)
         )
 
     def validate(self, table: str | Path, **options: Any) -> Validation:

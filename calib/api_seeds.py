@@ -13,6 +13,7 @@ from calib.analytic.predict import Plan, Prediction
 from calib.analytic.search import Space
 from calib.analytic.specs import HardwareSpec, ModelSpec
 from calib.core.errors import InputError
+from calib.resolve import stack_defaults
 
 
 def _model(model):
@@ -45,6 +46,7 @@ class SeedsMixin:
 
         result = self.predict(model, gpus, hardware=hardware, recompute=recompute, **plan)
         machine, _ = self.machine(hardware)
+        plan, _ = stack_defaults(plan, _model(model), machine.hw)  # as predict settled them
         p = Plan(recompute=recompute_code(recompute), **plan)
         out, notes = add_energy(_model(model), machine, result, p, None, None, tokens, price_per_gpu_hour,
                                 dtype, str(power) if power else None)  # fmt: skip
@@ -63,6 +65,7 @@ class SeedsMixin:
 
         result = self.predict(model, [gpus], hardware=hardware, recompute=recompute, **plan)
         machine, _ = self.machine(hardware)
+        plan, _ = stack_defaults(plan, _model(model), machine.hw)  # as predict settled them
         pw = power_spec(machine.hw, None, None, dtype, str(power) if power else None)
         _, w = energy_of_table(
             _model(model), machine, result.table, Plan(recompute=recompute_code(recompute), **plan), pw

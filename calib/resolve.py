@@ -212,9 +212,17 @@ def measured_series(cal: Calibration, store: Path) -> tuple[tuple, str]:
     return tuple(size_series(sel.samples, prov.get("network_source", ""))), ""
 
 
-def attention_default(flash_attention: bool | None, model, hw, off: str) -> tuple[bool, list[str]]:
-    """Fused attention as given, or its default (``analytic.vdefaults``) with a note saying why;
-    ``off`` names how the caller turns it off."""
+def stack_defaults(plan: dict, model, hw) -> tuple[dict, list[str]]:
+    """``plan`` (a Plan's fields) with flash_attention and dp_overlap settled where not given,
+    and the notes that say how (``analytic.vdefaults``)."""
+    out = dict(plan)
+    out["flash_attention"], a = attention_default(plan.get("flash_attention"), model, hw)
+    out["dp_overlap"], b = overlap_default(plan.get("dp_overlap"), plan.get("zero", 0))
+    return out, a + b
+
+
+def attention_default(flash_attention: bool | None, model, hw) -> tuple[bool, list[str]]:
+    """Fused attention as given, or its default (``analytic.vdefaults``) with a note saying why."""
     if flash_attention is not None:
         return bool(flash_attention), []
     from calib.analytic.vdefaults import fused_attention_reason
@@ -223,6 +231,20 @@ def attention_default(flash_attention: bool | None, model, hw, off: str) -> tupl
     if why is None:
         return False, []  # analytic.predict's unfused note says what fused would change
     return True, [
-        f"attention fused ({why}: the generation that trains with fused attention kernels; a stated default, "
-        f"{off} for Megatron's 2021 unfused attention)"
+        f"attention fused ({why}: the generation that trains with fused attention kernels); a stated default, "
+        "--no-flash-attention (API flash_attention=False) for Megatron's 2021 unfused attention"
+    ]
+
+
+def overlap_default(dp_overlap: bool | None, zero: int) -> tuple[bool, list[str]]:
+    """DP/ZeRO overlap as given, or its default with a note: on for ZeRO-3 (``analytic.vdefaults``,
+    as for a blank table column), off otherwise."""
+    if dp_overlap is not None:
+        return bool(dp_overlap), []
+    if zero != 3:
+        return False, []
+    return True, [
+        "DP overlap on for ZeRO-3 (DeepSpeed stage 3 and PyTorch FSDP prefetch by default; the hidden share is "
+        "the stated ZeRO-3 overlap fraction, not all of it); a stated default, --no-dp-overlap (API "
+        "dp_overlap=False) for none"
     ]

@@ -104,3 +104,27 @@ def test_api_predict_and_search_take_the_same_default():
     assert not any("attention fused" in n for n in fused.notes)
     res = m.search("llama3-8b", 8, global_batch=64)
     assert any("attention fused" in n for n in res.notes)
+
+
+def test_predict_overlaps_zero3_unless_told_not_to():
+    """``calib predict --zero 3`` without --dp-overlap or --no-dp-overlap overlaps (the note says
+    so) and equals --dp-overlap; --no-dp-overlap exposes more; ZeRO-1 stays off, without a note."""
+    from tests.conftest import run
+
+    args = ("predict", "--hardware", "dgx-a100-80gb", "--model", "gpt3-175b", "--gpus", "1536", "--micro-batch",
+            "1", "--global-batch", "1536", "--recompute", "full", "--json")  # fmt: skip
+    import json
+
+    def step(*extra):
+        doc = json.loads(run(*args, *extra).output)
+        return doc["configs"][0]["iter_s"], doc["notes"]
+
+    auto, notes = step("--zero", "3")
+    on, on_notes = step("--zero", "3", "--dp-overlap")
+    off, _ = step("--zero", "3", "--no-dp-overlap")
+    assert auto == on < off
+    assert any(n.startswith("DP overlap on for ZeRO-3") for n in notes)
+    assert not any(n.startswith("DP overlap on") for n in on_notes)
+    z1, z1_notes = step("--zero", "1", "--tp", "8", "--pp", "8")
+    z1_off, _ = step("--zero", "1", "--tp", "8", "--pp", "8", "--no-dp-overlap")
+    assert z1 == z1_off and not any(n.startswith("DP overlap") for n in z1_notes)

@@ -89,9 +89,10 @@ Example:
     help="Sequence parallelism (TP all-reduces become reduce-scatter + all-gather).",
 )
 @click.option(
-    "--dp-overlap",
-    is_flag=True,
-    help="Overlap DP/ZeRO collectives with backward (and ZeRO-3 forward) compute.",
+    "--dp-overlap/--no-dp-overlap",
+    default=None,
+    help="Overlap DP/ZeRO collectives with backward (and ZeRO-3 forward) compute, or not.  Default: on "
+    "for ZeRO-3 (DeepSpeed stage 3 and FSDP prefetch by default), off otherwise; a note says so.",
 )
 @click.option(
     "--flash-attention/--no-flash-attention",
@@ -144,7 +145,7 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
     from calib.analytic.predict import Plan
     from calib.analytic.predict import predict as run_predict
     from calib.commands import output
-    from calib.resolve import attention_default, resolve_system
+    from calib.resolve import attention_default, overlap_default, resolve_system
 
     if as_json and as_csv:
         raise InputError("--json", "give either --json or --csv")
@@ -152,8 +153,9 @@ def predict(system, calibration, hardware, store, model_name, d_model, n_layers,
     model = apply_moe(resolve_model(model_name, d_model, n_layers, n_heads, seq_len, vocab, **shape), **moe)
     _check_tp_cols(model, tp, tp_cols, seq_parallel)
     machine, notes = resolve_system(system, calibration, hardware, store, ranks_per_node=ranks_per_node)
-    flash_attention, fnotes = attention_default(flash_attention, model, machine.hw, "--no-flash-attention")
-    notes = notes + fnotes
+    flash_attention, fnotes = attention_default(flash_attention, model, machine.hw)
+    dp_overlap, onotes = overlap_default(dp_overlap, zero)
+    notes = notes + fnotes + onotes
     plan = Plan(tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, global_batch=global_batch,
                 recompute=recompute_code(recompute), seq_parallel=seq_parallel, interleave=interleave,
                 dp_overlap=dp_overlap, flash_attention=flash_attention, fused_layers=fused_layers, tp_c=tp_cols,

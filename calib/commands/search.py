@@ -208,7 +208,7 @@ def search(system, calibration, hardware, store, model_name, d_model, n_layers, 
     from calib.analytic.predict import attention_note, network_note, sharded_span
     from calib.resolve import attention_default
 
-    flash_attention, fnotes = attention_default(flash_attention, model, machine.hw, "--no-flash-attention")
+    flash_attention, fnotes = attention_default(flash_attention, model, machine.hw)
     notes = notes + fnotes
 
     notes = (
