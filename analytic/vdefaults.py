@@ -36,35 +36,31 @@ import pandas as pd
 LONG_SEQ = 4096
 
 
-def modern_shape(df: pd.DataFrame) -> np.ndarray:
-    """Rows whose model or sequence length belongs to the fused-attention generation."""
-    kv = df["kv_heads"].to_numpy()
-    return (
-        (df["mlp"].to_numpy() == "swiglu")
-        | ((kv > 0) & (kv < df["n_heads"].to_numpy()))
-        | (df["n_experts"].to_numpy() > 0)
-        | (df.get("kv_lora_rank", pd.Series(0, index=df.index)).to_numpy() > 0)
-        | (df["seq_len"].to_numpy() >= LONG_SEQ)
-    )
+def _generation(mlp, kv_heads, n_heads, n_experts, kv_lora_rank, seq_len, fp8) -> dict[str, np.ndarray]:
+    """The fused-attention generation's marks (module docstring), each a boolean array: the one
+    rule for table rows and for a model on a machine."""
+    kv = np.asarray(kv_heads)
+    return {
+        "SwiGLU": np.asarray(mlp) == "swiglu",
+        "grouped-query attention": (kv > 0) & (kv < np.asarray(n_heads)),
+        "experts": np.asarray(n_experts) > 0,
+        "latent attention": np.asarray(kv_lora_rank) > 0,
+        f"s >= {LONG_SEQ:,}": np.asarray(seq_len) >= LONG_SEQ,
+        "FP8-capable hardware": np.asarray(fp8, dtype=bool),
+    }
+
+
+def zero3_overlaps(zero) -> np.ndarray:
+    """Where a blank DP overlap is on: ZeRO-3 (DeepSpeed stage 3 and FSDP prefetch by default)."""
+    return np.asarray(zero) == 3
 
 
 def fused_attention_reason(model, hw) -> str | None:
-    """Why ``model`` on ``hw`` belongs to the fused-attention generation (module docstring), or
-    None: the same rule for a prediction or a search that is not told as for a blank table column."""
-    kv = model.kv_heads or model.n_heads
-    why = [
-        w
-        for w, on in (
-            ("SwiGLU", model.mlp == "swiglu"),
-            ("grouped-query attention", kv < model.n_heads),
-            ("experts", model.n_experts > 0),
-            ("latent attention", bool(model.kv_lora_rank)),
-            (f"s >= {LONG_SEQ:,}", model.seq_len >= LONG_SEQ),
-            ("FP8-capable hardware", hw is not None and hw.peak_fp8_tflops is not None),
-        )
-        if on
-    ]
-    return ", ".join(why) or None
+    """Why ``model`` on ``hw`` belongs to the fused-attention generation, or None: the same rule
+    for a prediction or a search that is not told as for a blank table column."""
+    marks = _generation(model.mlp, model.kv_heads or 0, model.n_heads, model.n_experts, model.kv_lora_rank or 0,
+                        model.seq_len, hw is not None and hw.peak_fp8_tflops is not None)  # fmt: skip
+    return ", ".join(w for w, on in marks.items() if on) or None
 
 
 def settle(df: pd.DataFrame, systems: dict) -> tuple[pd.DataFrame, list[str]]:
@@ -74,8 +70,10 @@ def settle(df: pd.DataFrame, systems: dict) -> tuple[pd.DataFrame, list[str]]:
     out, notes = df, []
     if "flash_attention_given" in df.columns and not df["flash_attention_given"].all():
         blank = ~df["flash_attention_given"].to_numpy(dtype=bool)
-        fp8 = np.array([systems[h].hw.peak_fp8_tflops is not None for h in df["hardware"]], dtype=bool)
-        on = blank & (modern_shape(df) | fp8)
+        fp8 = df["hardware"].map({h: s.hw.peak_fp8_tflops is not None for h, s in systems.items()})
+        marks = _generation(df["mlp"], df["kv_heads"], df["n_heads"], df["n_experts"],
+                            df.get("kv_lora_rank", pd.Series(0, index=df.index)), df["seq_len"], fp8)  # fmt: skip
+        on = blank & np.logical_or.reduce(list(marks.values()))
         out = out.assign(flash_attention=out["flash_attention"].to_numpy(dtype=bool) | on)
         notes.append(
             f"flash_attention not given for {int(blank.sum())} row(s): fused for {int(on.sum())} (SwiGLU, grouped-"
@@ -85,7 +83,7 @@ def settle(df: pd.DataFrame, systems: dict) -> tuple[pd.DataFrame, list[str]]:
         )
     if "dp_overlap_given" in df.columns and not df["dp_overlap_given"].all():
         blank = ~df["dp_overlap_given"].to_numpy(dtype=bool)
-        on = blank & (df["zero"].to_numpy() == 3)
+        on = blank & zero3_overlaps(df["zero"])
         out = out.assign(dp_overlap=out["dp_overlap"].to_numpy(dtype=bool) | on)
         notes.append(
             f"dp_overlap not given for {int(blank.sum())} row(s): on for the {int(on.sum())} ZeRO-3 row(s) (DeepSpeed "

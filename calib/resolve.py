@@ -241,7 +241,9 @@ def overlap_default(dp_overlap: bool | None, zero: int) -> tuple[bool, list[str]
     as for a blank table column), off otherwise."""
     if dp_overlap is not None:
         return bool(dp_overlap), []
-    if zero != 3:
+    from calib.analytic.vdefaults import zero3_overlaps
+
+    if not zero3_overlaps(zero):
         return False, []
     return True, [
         "DP overlap on for ZeRO-3 (DeepSpeed stage 3 and PyTorch FSDP prefetch by default; the hidden share is "

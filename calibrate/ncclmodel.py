@@ -214,7 +214,7 @@ def time_s(
         b_tree = max(_v(params, "tree_busbw_gbps", shift, -1.0), 1e-6)
     tables = f.get("tuner", 0.0) > 0
     cont = contention(nodes, f)
-    t_tree = tree_time_s(S, n, gpn, scale, b_tree, cont, graph, tables=tables)
+    t_tree, proto = tree_time_s(S, n, gpn, scale, b_tree, cont, graph, tables=tables)
     if tables:
         # NCCL runs what its own cost model picks, not the faster of the two (nccltuner)
         use_tree = nccltuner.allreduce_choice(S, n, gpn, graph)[0] == "tree"
@@ -223,7 +223,6 @@ def time_s(
         use_tree = t_tree < t_ring
     if "tree_hop_s" in params:
         # what a Simple-protocol tree costs: chunks pipelined over its depth (tree_pipeline_s)
-        proto = nccltuner.tree_parts(S, n, gpn, graph, tables=tables)[0]
         hop = max(_v(params, "tree_hop_s", shift), 0.0)
         pipe = tree_pipeline_s(S, n, gpn, hop, segs[-1].busbw_gbps.value, cont, graph.n_channels)
         t_tree = np.where(proto == "Simple", pipe, t_tree)
@@ -259,13 +258,14 @@ def tuner_graph(f: Mapping[str, float], segments: Sequence) -> nccltuner.TunerGr
 
 def tree_time_s(
     S, n, gpn: float, scale: float, b_tree_gbps: float, cont, graph, *, tables: bool
-) -> np.ndarray:
-    """NCCL's tree all-reduce: ``scale`` x the tuner's tree latency for the protocol it
-    picks, plus :func:`tree_nic_bytes` at ``b_tree_gbps`` (per NIC direction) x the protocol's share x
-    ``treeCorrectionFactor`` (:func:`nccltuner.tree_parts`), slowed by ``cont``."""
-    _, lat_us, bw_factor = nccltuner.tree_parts(S, n, gpn, graph, tables=tables)
+) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, protocol) of NCCL's tree all-reduce in the tuner's cost form: ``scale`` x the
+    tuner's tree latency for the protocol it picks, plus :func:`tree_nic_bytes` at ``b_tree_gbps``
+    (per NIC direction) x the protocol's share x ``treeCorrectionFactor``
+    (:func:`nccltuner.tree_parts`), slowed by ``cont``."""
+    proto, lat_us, bw_factor = nccltuner.tree_parts(S, n, gpn, graph, tables=tables)
     nic_bytes = tree_nic_bytes(S, n / gpn)
-    return scale * lat_us * 1e-6 + nic_bytes / (b_tree_gbps * 1e9 * bw_factor) * cont
+    return scale * lat_us * 1e-6 + nic_bytes / (b_tree_gbps * 1e9 * bw_factor) * cont, proto
 
 
 #: enqueue.cc (2.18-2.21): the Simple tree's chunk starts at one step (512 KiB) and is halved

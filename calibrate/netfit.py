@@ -215,15 +215,9 @@ def _quality(r_log: np.ndarray, y: np.ndarray, note: str) -> FitQuality:
     )
 
 
-def _point_se(pairs: Sequence[Pair]) -> np.ndarray:
-    """Standard error of each size's time, in the order of ``_points(pairs, 0.0)`` (nan unknown)."""
-    return np.concatenate(
-        [s.time_se_s if s.time_se_s is not None else np.full(len(s.bytes), np.nan) for _, s in pairs]
-    )
-
-
 def _points(pairs: Sequence[Pair], min_bytes: float):
-    n, S, T = [], [], []
+    """(GPUs, bytes, time, time's standard error or nan) of every size >= ``min_bytes``."""
+    n, S, T, se = [], [], [], []
     for _, s in pairs:
         m = s.bytes >= min_bytes
         if m.sum() < 3:
@@ -231,7 +225,8 @@ def _points(pairs: Sequence[Pair], min_bytes: float):
         n.append(np.full(int(m.sum()), float(s.n_gpus)))
         S.append(s.bytes[m])
         T.append(s.time_s[m])
-    return np.concatenate(n), np.concatenate(S), np.concatenate(T)
+        se.append(s.time_se_s[m] if s.time_se_s is not None else np.full(int(m.sum()), np.nan))
+    return np.concatenate(n), np.concatenate(S), np.concatenate(T), np.concatenate(se)
 
 
 def _fit_allreduce(
@@ -246,7 +241,7 @@ def _fit_allreduce(
 ) -> NetworkScaling:
     """rho from the sizes the ring explains; (A, B_tree) from those it cannot (the tree's);
     whether NCCL's tuner (:mod:`calibrate.nccltuner`) reproduces the logged choices."""
-    n, S, T = _points(pairs, 0.0)
+    n, S, T, T_se = _points(pairs, 0.0)
     marg_params = dict(marg_params or {})
     marg_segs = marg.segments if marg is not None else ()
     f_marg = {k: v.value for k, v in marg_params.items()}
@@ -260,7 +255,7 @@ def _fit_allreduce(
     rho, se_rho = float(np.median(rr)), float(np.std(rr) / np.sqrt(max(len(rr) - 1, 1)))
     nic = float(topo.get("node_nic_gbps", 0.0))
     graph = ncclmodel.tuner_graph({"tuner_busbw_gbps": nic}, steps.segments)
-    tree = treefit.fit_tree(S, n, T, _point_se(pairs), is_tree, big, gpn, steps, topo, graph, where)
+    tree = treefit.fit_tree(S, n, T, T_se, is_tree, big, gpn, steps, topo, graph, where)
     scales = sorted({int(v) for v in n})
     params = {
         "gpus_per_node": fixed(gpn, "from the nccl-tests rank lines"),
@@ -300,7 +295,7 @@ def _fit_allreduce(
 def _fit_alltoall(
     pairs: Sequence[Pair], gpn: int, where: str, topo: Mapping[str, float], topo_note: str
 ) -> NetworkScaling:
-    n, S, T = _points(pairs, 0.0)
+    n, S, T, _ = _points(pairs, 0.0)
     node_bytes = gpn * S * np.maximum(n - gpn, 0.0) / n * 1e-9
     cont = ncclmodel.contention(n / gpn, topo)
 
