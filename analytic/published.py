@@ -78,12 +78,38 @@ def adapt(name: str, df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
     missing = sorted(_SIGNATURES[name] - set(df.columns))
     if missing:
         raise InputError(where, f"not a '{name}' table: missing column(s) {', '.join(missing)}")
+    if df.empty:
+        raise InputError(where, "the table has no rows")
     try:
-        return _ADAPTERS[name](df)
+        return _ADAPTERS[name](_numeric(df, _NUMERIC.get(name, ())))
     except InputError as exc:  # an adapter's verdict on a value, said of this file
         raise InputError(where, exc.problem) from None
     except KeyError as exc:
         raise InputError(where, f"'{name}' table: missing column or unknown row key {exc}") from None
+
+
+#: columns an adapter does arithmetic on: checked as positive finite numbers first, so a bad
+#: value is named by row and column rather than failing inside the arithmetic
+_NUMERIC = {
+    "sc21": ("num_layers", "pipeline_parallel", "tensor_parallel", "num_gpus", "global_batch_size"),
+    "megatron2020": ("num_gpus", "model_parallel_partitions", "global_batch_size", "iteration_time_ms"),
+}
+
+
+def _numeric(df: pd.DataFrame, cols) -> pd.DataFrame:
+    out = df.copy()
+    for col in cols:
+        if col not in out.columns:
+            raise KeyError(col)
+        vals = pd.to_numeric(out[col], errors="coerce")
+        bad = ~np.isfinite(vals.to_numpy(float)) | (vals.to_numpy(float) <= 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(
+                None, f"row {i + 1}: column '{col}' must be a positive number, got '{df[col].iloc[i]}'"
+            )
+        out[col] = vals
+    return out
 
 
 def _sc21(df: pd.DataFrame) -> pd.DataFrame:
@@ -132,7 +158,13 @@ def _korthikanti(df: pd.DataFrame) -> pd.DataFrame:
 
 def _megatron2020(df: pd.DataFrame) -> pd.DataFrame:
     system = df["system"].astype(str)
-    hardware = np.where(system.str.contains("DGX-2"), "dgx-2", "tg40")
+    v100, a100 = system.str.contains("DGX-2"), system.str.contains("A100")
+    if not (v100 | a100).all():
+        bad = system[~(v100 | a100)].iloc[0]
+        raise InputError(
+            None, f"column 'system': unknown value '{bad}' (known: a DGX-2 or a DGX-A100 system)"
+        )
+    hardware = np.where(v100, "dgx-2", "tg40")
     tp = df["model_parallel_partitions"]
     dp = df["num_gpus"] // tp
     return pd.DataFrame({
@@ -204,7 +236,9 @@ def _mosaicml(df: pd.DataFrame) -> pd.DataFrame:
     if "Activation CPUOffload" in df:
         off = df["Activation CPUOffload"].astype(str).str.strip().str.lower()
         _known(off, {"false", "0"}, "Activation CPUOffload")
-    ckpt = df["Activation Checkpointing"].astype(str).str.lower().isin({"true", "1"})
+    ckpt_text = df["Activation Checkpointing"].astype(str).str.strip().str.lower()
+    _known(ckpt_text, {"true", "false", "1", "0"}, "Activation Checkpointing")
+    ckpt = ckpt_text.isin({"true", "1"})
     return pd.DataFrame({
         "label": "mosaic-" + df["Model"].astype(str) + "-s" + df["SeqLen (T)"].astype(str) + "-" + df["# GPUs"].astype(str) + "x" + gpu,
         "hardware": gpu.map(_MOSAIC_GPU),

@@ -79,7 +79,7 @@ _FALSE = {"false", "0", "no", "n", "f", ""}
 
 def _ints(df: pd.DataFrame, col: str, where: str) -> pd.Series:
     vals = pd.to_numeric(df[col], errors="coerce")
-    bad = vals.isna() | (vals < 0) | (vals != vals.round())
+    bad = ~np.isfinite(vals.to_numpy(float)) | (vals < 0) | (vals != vals.round())
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         raise InputError(
@@ -155,8 +155,8 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
     if not present:
         raise InputError(where, f"no measured column: give one of {', '.join(MEASURES)}")
     for c in present:
-        out[c] = pd.to_numeric(out[c], errors="coerce")
-    has = out[present].notna() & (out[present] > 0)
+        out[c] = _measure(out[c], c, where)
+    has = out[present].notna()
     if not has.any(axis=1).all():
         i = int(np.flatnonzero(~has.any(axis=1).to_numpy())[0])
         raise InputError(where, f"row {i + 1}: no positive measured value in {', '.join(present)}")
@@ -185,6 +185,22 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
     out["hardware"] = _spec_paths(out["hardware"], Path(where).parent)
     _check_hardware(out, where)
     return out.reset_index(drop=True)
+
+
+def _measure(col: pd.Series, name: str, where: str) -> pd.Series:
+    """A measured column as numbers: blank cells are absent; text that is not a number, or a
+    value that is not finite and positive, is an error naming row and column (never dropped)."""
+    vals = pd.to_numeric(col, errors="coerce")
+    text = col.astype(object).where(col.notna(), "").astype(str).str.strip()
+    given = ~text.isin(("", "nan", "None"))
+    x = vals.to_numpy(float)
+    bad = given.to_numpy() & ~(np.isfinite(x) & (x > 0))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InputError(
+            where, f"row {i + 1}: column '{name}' must be a positive number, got '{text.iloc[i]}'"
+        )
+    return vals
 
 
 #: measurements converted to the three above (see the module docstring)
