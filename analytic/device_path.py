@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from calib.analytic import formulas as F
+from calib.analytic import precision as PR
 from calib.analytic.memory import stages_in_flight
 from calib.analytic.mla import linear_io, op_sac_attention
 from calib.calibrate import device_step as D
@@ -46,13 +47,13 @@ def shape_of(model) -> Shape:
 
 def fp8_speedup(dm: DeviceModel, hw) -> float:
     """FP8 GEMMs' speed over BF16: the system's traced FP8 GEMMs where it has some (1.78
-    on the H200 runs, fixtures/traces/h200), else the datasheet peak ratio (stated
-    default); 1 on hardware without FP8 units."""
+    on the H200 runs, fixtures/traces/h200), else the hardware's (precision.fp8_speedup:
+    its preset's measured ratio or the datasheet peak ratio); 1 without FP8 units."""
     if not hw.peak_fp8_tflops:
         return 1.0
     if dm.fp8_gemm_speedup is not None:
         return float(dm.fp8_gemm_speedup.value)
-    return hw.peak_fp8_tflops / hw.peak_tflops
+    return PR.fp8_speedup(hw)
 
 
 def layer_terms(

@@ -239,8 +239,7 @@ def moe_layer_s(model, system, st, b, s_loc, d, t, mats, rc, eff_fn, peak) -> np
     T = b * s_loc / t
     passes = 3.0 + (np.asarray(rc) == F.FULL)
     fl = MOE.layer_flops(model, T, t, mats, passes)
-    lin_peak = np.where(st.fp8, (system.hw.peak_fp8_tflops or 0.0) * 1e12, peak)
-    lin_peak = np.where(lin_peak > 0, lin_peak, peak)
+    lin_peak = np.where(st.fp8, peak * PR.fp8_speedup(system.hw), peak)
     x_sh = 2.0 * T * d * mo["f_e"]
     load = MOE.load_factor(model, T, st.ep)  # the busiest EP rank sets the pace (dropless)
     shared = fl["shared"] / (lin_peak * eff_fn(np.maximum(x_sh, 1.0)))
@@ -261,7 +260,7 @@ def moe_layer_s(model, system, st, b, s_loc, d, t, mats, rc, eff_fn, peak) -> np
 
 
 def gemm_and_casts(st, hw, f_train, attn_fwd, rc, peak, eff, T, d, ffn, kv_frac, mats, t, attn_extra=0.0, attn_ratio=1.0, attn_io=None):  # fmt: skip
-    """(GEMM seconds of a layer, FP8 cast bytes): linear GEMMs at the FP8 peak under ``fp8``.
+    """(GEMM seconds of a layer, FP8 cast bytes): linear GEMMs precision.fp8_speedup x faster under ``fp8``.
     ``attn_extra``: attention FLOPs beyond ``f_train`` (a flash backward's recomputed scores);
     the attention core runs at ``attn_ratio`` x the GEMM efficiency (System.attn_eff_ratio);
     ``attn_io``: MLA's projections' inputs and outputs for the casts (analytic.mla.linear_io)."""
@@ -269,7 +268,7 @@ def gemm_and_casts(st, hw, f_train, attn_fwd, rc, peak, eff, T, d, ffn, kv_frac,
     linear, attn_tr = f_train - attn_in, (attn_in + attn_extra) / attn_ratio
     if not st.is_modern:
         return (linear + attn_tr) / (peak * eff), 0.0
-    peak8 = (hw.peak_fp8_tflops or hw.peak_tflops) * 1e12
+    peak8 = peak * PR.fp8_speedup(hw)
     gemm = PR.gemm_time_s(linear, attn_tr, peak, peak8, eff, st.fp8)
     casts = PR.cast_bytes_layer(
         T, d, ffn, kv_frac, mats, t, np.where(np.asarray(rc) == F.FULL, 2.0, 1.0), attn_io
@@ -407,6 +406,18 @@ def stack_notes(model, plan, system=None) -> list[str]:
             f"FP8: the device model's linear GEMMs {gemm}; casts {casts}, at its streaming bandwidth; "
             "attention and LM head bf16"
         )
+    elif plan.fp8 and system is not None:  # the spec path: the preset's measured FP8 rate or the datasheet's
+        hw = system.hw
+        rate = (
+            f"x{hw.fp8_gemm_speedup:g} their bf16 rate (the preset's measured fp8_gemm_speedup)"
+            if hw.fp8_gemm_speedup
+            else f"x{PR.fp8_speedup(hw):.3g} their bf16 rate, the datasheet peak ratio (stated default: no FP8 "
+            "GEMM measured on this hardware; Hopper's measured 1.78 against its 2.0)"
+        )
+        out.append(
+            f"FP8: linear GEMMs at {rate}; Transformer Engine's fused casts ({PR.CAST_IN_BYTES:g} B per input, "
+            f"{PR.CAST_GRAD_BYTES:g} per gradient element, stated default); attention and LM head bf16"
+        )
     if MOE.is_moe(model):
         from calib.analytic.mla import params_note
 
@@ -435,8 +446,4 @@ def stack_notes(model, plan, system=None) -> list[str]:
     if plan.dist_opt and plan.dp_overlap:
         out.append(f"distributed optimizer: reduce-scatter / all-gather overlap fractions {OV.DP_RS_OVERLAP} / "
                    f"{OV.DP_AG_OVERLAP} (stated defaults)")  # fmt: skip
-    if plan.fp8 and (system is None or system.device_model is None):  # the device model's: above
-        out.append(
-            "FP8: linear GEMMs at the FP8 peak with the bf16 efficiency curve; casts as memory-bound passes"
-        )
     return out

@@ -5,7 +5,9 @@ bf16: every GEMM at the device's dense BF16 peak (``peak_tflops``).
 FP8 (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", arXiv:2209.05433;
 NVIDIA Transformer Engine's ``fp8_autocast`` with per-tensor delayed scaling): the
 linear layers' GEMMs (QKV, attention projection, MLP / expert matrices; forward, input
-gradient and weight gradient) run at ``peak_fp8_tflops`` with the same efficiency curve;
+gradient and weight gradient) run :func:`fp8_speedup` x faster than in bf16 -- the
+hardware's measured FP8 / BF16 GEMM rate where its preset has one (``fp8_gemm_speedup``:
+1.78 on GH100, not the datasheet's 2), else the peak ratio, a stated default;
 the attention core (flash attention), the LM head and the embedding stay bf16.
 Casts are memory-bound kernels: each linear's input is read in bf16 (2 bytes) and
 written in FP8 twice (row- and column-wise copies for the forward and weight-gradient
@@ -54,8 +56,17 @@ def optimizer_bytes_per_param(master: ArrayLike = 0) -> np.ndarray:
     return OPT_MOMENTS_BYTES + np.where(np.asarray(master) == 0, MASTER_BYTES["fp32"], MASTER_BYTES["bf16"])
 
 
+def fp8_speedup(hw) -> float:
+    """FP8 linear GEMMs' rate over bf16's on ``hw``: its measured ``fp8_gemm_speedup``, else the
+    dense peak ratio ``peak_fp8_tflops / peak_tflops`` (stated default); 1 without FP8 units."""
+    if not getattr(hw, "peak_fp8_tflops", None):
+        return 1.0
+    return float(hw.fp8_gemm_speedup or hw.peak_fp8_tflops / hw.peak_tflops)
+
+
 def gemm_time_s(linear_flops, attn_flops, peak_flops, peak_fp8_flops, eff, fp8) -> np.ndarray:
-    """Seconds of a layer's GEMMs: the linear ones at the FP8 peak when ``fp8``, attention at bf16."""
+    """Seconds of a layer's GEMMs: the linear ones at ``peak_fp8_flops`` (the bf16 peak x
+    :func:`fp8_speedup`) when ``fp8``, attention at bf16."""
     fp8 = np.asarray(fp8, dtype=bool)
     lin_peak = np.where(fp8, peak_fp8_flops, peak_flops)
     return (np.asarray(linear_flops) / lin_peak + np.asarray(attn_flops) / peak_flops) / np.asarray(eff)

@@ -206,6 +206,7 @@ class HardwareSpec:
     global_taper: float = 1.0  # upper-level bandwidth per node over its injection bandwidth
     topology_note: str = ""
     peak_fp8_tflops: float | None = None  # dense FP8 tensor-core peak per GPU (None: no FP8)
+    fp8_gemm_speedup: float | None = None  # measured FP8 / BF16 GEMM rate (None: peak ratio)
     #: measured maximum achievable bf16 matmul TFLOP/s of the device (a large GEMM's best; None:
     #: not measured): the ceiling of any GEMM efficiency, the default plateau (analytic.machine)
     mamf_tflops: float | None = None
@@ -218,6 +219,8 @@ class HardwareSpec:
         v8 = self.peak_fp8_tflops
         if v8 is not None and (not _number(v8) or not v8 > 0):
             raise InputError(who, f"peak_fp8_tflops must be a positive number, got {_short(v8)}")
+        if (r8 := self.fp8_gemm_speedup) is not None and (v8 is None or not _number(r8) or not 0 < r8 < 1e3):
+            raise InputError(who, f"fp8_gemm_speedup needs peak_fp8_tflops, a number > 0: {_short(r8)}")
         mamf = self.mamf_tflops
         if mamf is not None and (not _number(mamf) or not 0 < mamf <= self.peak_tflops):
             raise InputError(who, f"mamf_tflops must be a number in (0, peak_tflops], got {_short(mamf)}")

@@ -138,6 +138,27 @@ def test_fp8_gemm_time_by_hand():
     assert PR.gemm_time_s(1e15, 1e14, 989e12, 1979e12, 0.75, False) == pytest.approx(1.1e15 / (989e12 * 0.75))
 
 
+def test_fp8_gemm_rate_is_the_measured_one_on_hopper():
+    """GH100 presets state the measured FP8 / BF16 GEMM rate (1.78: the traced FP8 GEMMs of
+    fixtures/traces/h200 and h100b), not the datasheet's 1979 / 989; hardware without a
+    measurement (B200) keeps the peak ratio, a stated default.  One Llama 3 8B layer at
+    TP 1: the layer's GEMM time is linear / (peak x r) + attention / peak at one efficiency,
+    so bf16 - fp8 = linear (1 - 1/r) / (peak eff)."""
+    from calib.analytic.modern import gemm_and_casts
+
+    assert [PR.fp8_speedup(load_hardware(h)) for h in ("dgx-h100", "h800", "h200")] == [1.78] * 3
+    assert PR.fp8_speedup(load_hardware("b200")) == pytest.approx(4500 / 2250)
+    assert PR.fp8_speedup(load_hardware("dgx-a100-80gb")) == 1.0  # no FP8 tensor cores
+    st = {
+        x: Strategies.of(tp=1, pp=1, dp=8, micro_batch=1, global_batch=8, fp8=x, dist_opt=True)
+        for x in (0, 1)
+    }
+    lin, attn = 1e15, 1e14  # FLOPs: f_train = lin + the attention core (3 passes of attn_fwd, no recompute)
+    args = (lin + 3 * attn, attn, 0, 989e12, 0.75, 8192, 4096, 14336, 0.25, 3.0, 1)
+    bf, f8 = (float(gemm_and_casts(st[x], H100, *args)[0]) for x in (0, 1))
+    assert bf - f8 == pytest.approx(lin * (1 - 1 / 1.78) / (989e12 * 0.75), rel=1e-9)
+
+
 def test_fp8_casts_memory_and_optimizer_bytes():
     """Casts: 4 bytes per forward input value (read bf16, write two FP8 copies), 3 per gradient
     value.  Llama 3 8B layer, T = 8192 tokens, TP 1: inputs 3 d + ffn = 26,624, gradients

@@ -33,11 +33,11 @@ def test_rows_of_many_sequence_lengths_identify_a_slower_attention_core():
 
 def test_a_few_rows_must_clear_students_t():
     """The FP8 section's four calibration rows leave one residual degree of freedom: the ratio's
-    0.47 +- 0.18 (2.6 standard errors) is short of t(0.975, 1) = 12.7, so it is not kept."""
+    0.47 +- 0.19 (2.5 standard errors; 0.467 +- 0.18 before stop 31's measured FP8 GEMM rate) is short of t(0.975, 1) = 12.7, so it is not kept."""
     path = PUB / "mosaicml_llmfoundry_fsdp_h100_fp8.csv"
     df, _ = read_table(path)
     p = validate(df, str(path), calibrate_on="every-third").params
-    assert "attn_eff_ratio" not in p and any("(0.467 +- 0.18)" in n for n in p["not_identified"])
+    assert "attn_eff_ratio" not in p and any("(0.469 +- 0.19)" in n for n in p["not_identified"])
 
 
 def test_one_sequence_length_leaves_the_stated_default():

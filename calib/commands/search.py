@@ -124,7 +124,7 @@ Examples:
 @click.option("--schedules", default="1f1b", show_default=True,
               help="Pipeline schedules to consider, e.g. 1f1b,zb-h1,dualpipe: " + SCHEDULE_HELP)  # fmt: skip
 @click.option("--precision", type=Choice(("bf16", "fp8")), default="bf16", show_default=True,
-              help="GEMM precision for every strategy (fp8: the hardware's peak_fp8_tflops).")  # fmt: skip
+              help="GEMM precision for every strategy (fp8: the hardware's measured FP8 GEMM rate, else its FP8 peak ratio).")  # fmt: skip
 @click.option("--master-weights", type=Choice(("fp32", "bf16")), default="fp32", show_default=True,
               help="Optimizer master weights.")  # fmt: skip
 @click.option("--uneven-pp", is_flag=True,

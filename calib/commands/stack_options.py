@@ -200,7 +200,7 @@ def stack_options(f):
                 type=Choice(("bf16", "fp8")),
                 default="bf16",
                 show_default=True,
-                help="GEMM precision; fp8 = Transformer Engine style (the hardware's peak_fp8_tflops).",
+                help="GEMM precision; fp8 = Transformer Engine style (the hardware's measured FP8 GEMM rate, else its FP8 peak ratio).",
             ),
             click.option(
                 "--master-weights",
