@@ -113,8 +113,9 @@ def _apply(
         xh_se = (
             xh * np.log(10.0) * errs["gemm_x_half_flop"] if errs.get("gemm_x_half_flop") is not None else None
         )
-        if "gemm_y_max" in vals:
-            s = with_gemm(s, float(y), float(xh), (errs.get("gemm_y_max"), xh_se), note)
+        if "gemm_y_max" in vals:  # one stack efficiency, no device beyond its own best
+            y = min(float(y), _device_cap(s))
+            s = with_gemm(s, y, float(xh), (errs.get("gemm_y_max"), xh_se), note)
             s = replace(s, cal=replace(s.cal, k2_curve=K2_FOLDED))
         if "vector_passes" in vals:
             s = replace(s, vector_passes=float(vals["vector_passes"]))
@@ -185,6 +186,14 @@ def fit(
             f"{n_rows} row(s) for {len(names)} parameter(s): an exact fit, no residual degree of freedom, "
             "so no standard error can be estimated (and no interval given)"
         ]
+    if "gemm_y_max" in names:
+        y = float(res.x[names.index("gemm_y_max")])
+        held = sorted({f"{h} {_device_cap(s):.4g}" for h, s in systems.items() if _device_cap(s) < y})
+        if held:  # a mixed table: some devices' rows stop at their own measured best
+            params.setdefault("notes", []).append(
+                f"gemm_y_max {y:.4g} holds up to each device's measured maximum achievable matmul: the rows "
+                f"of {', '.join(held)} run at that (a GEMM does not beat its device's best)"
+            )
     for n, v, e in zip(names, res.x, se):
         if not np.isfinite(e):
             params[n], params[n + "_stderr"] = float(10.0**v if n == "gemm_x_half_flop" else v), None
@@ -210,12 +219,18 @@ def _kept(systems: dict[str, System], name: str) -> str:
     return f"stated default {v:g}" if v == VECTOR_PASSES else f"the calibration's {v:.3g}"
 
 
+def _device_cap(system: System) -> float:
+    """No GEMM beats its device's measured maximum achievable matmul (k2, folded in, only
+    lowers it): that fraction of peak where measured, else 1."""
+    f = achievable_fraction(system.hw)
+    return 1.0 if f is None else min(1.0, float(f))
+
+
 def _ymax_cap(systems: dict[str, System]) -> float:
-    """The GEMM plateau's upper bound: no GEMM beats its device's measured maximum achievable
-    matmul (k2, folded in, only lowers it), so the least such fraction of the table's
-    machines where measured, else 1."""
-    fracs = [f for f in (achievable_fraction(s.hw) for s in systems.values()) if f is not None]
-    return min([1.0, *fracs])
+    """The fitted plateau's upper bound: the largest device cap of the table's machines.  Each
+    machine's rows take the plateau up to its own cap (:func:`_apply`), so a table that mixes
+    devices is not held to the lowest one's best (until stop 31: the least cap for every row)."""
+    return max(_device_cap(s) for s in systems.values())
 
 
 def _least_squares(sub, systems: dict[str, System], names: Sequence[str], n_rows: int, ymax_cap: float = 1.0):

@@ -23,13 +23,17 @@ PUB = Path(__file__).parents[1] / "fixtures" / "published"
 
 def test_default_plateau_is_the_measured_achievable_fraction():
     """A100 80GB 271.2 / 312 = 0.8692, H100 794.5 / 989 = 0.8033, MI300X 668.4 / 1300 = 0.5142;
-    a preset without a measurement (Polaris, A100 40GB) keeps the generic 0.75, and the note
-    says which."""
-    for name, frac in (("dgx-a100-80gb", 271.2 / 312), ("dgx-h100", 794.5 / 989), ("mi300x", 668.4 / 1300)):
+    the A100 40GB presets (Polaris, Perlmutter, tg40) carry the 80GB part's measurement since
+    stop 31 (the same GA100 die and clocks); a preset without one (V100, A30) keeps the
+    generic 0.75, and the note says which."""
+    presets = (("dgx-a100-80gb", 271.2 / 312), ("dgx-h100", 794.5 / 989), ("mi300x", 668.4 / 1300),
+               ("polaris", 271.2 / 312), ("perlmutter", 271.2 / 312), ("tg40", 271.2 / 312))  # fmt: skip
+    for name, frac in presets:
         y = default_calibration(load_hardware(name)).gemm_efficiency_curve.y_max
         assert y.value == pytest.approx(frac, rel=1e-12) and "max achievable matmul" in y.note
-    y = default_calibration(load_hardware("polaris")).gemm_efficiency_curve.y_max
-    assert y.value == 0.75 and "max achievable" not in y.note
+    for name in ("dgx-2", "a30"):
+        y = default_calibration(load_hardware(name)).gemm_efficiency_curve.y_max
+        assert y.value == 0.75 and "max achievable" not in y.note
 
 
 def test_a_fitted_efficiency_carries_with_the_ratio_of_achievable_fractions():
@@ -43,8 +47,8 @@ def test_a_fitted_efficiency_carries_with_the_ratio_of_achievable_fractions():
     assert r == pytest.approx((271.2 / 312) / (794.5 / 989), rel=1e-12)
     y = transfer(cal, a100, h100).gemm_efficiency_curve.y_max
     assert y.value == pytest.approx(0.60 * r, rel=1e-12) and y.stderr == pytest.approx(0.02 * r, rel=1e-12)
-    assert achievable_ratio(load_hardware("polaris"), h100) is None  # not measured: fraction kept
-    assert transfer(cal, load_hardware("polaris"), h100).gemm_efficiency_curve.y_max.value == 0.60
+    assert achievable_ratio(load_hardware("dgx-2"), h100) is None  # not measured: fraction kept
+    assert transfer(cal, load_hardware("dgx-2"), h100).gemm_efficiency_curve.y_max.value == 0.60
 
 
 def test_validation_fit_stops_at_the_achievable_matmul():
@@ -122,3 +126,18 @@ def test_an_a100_calibration_predicts_the_h100_section(tmp_path):
     assert s["n_with_interval"] == 52 and 0 < s["n_inside_interval"] < 52
     df, _ = read_table(h100)
     assert s["median_abs_pct"] < validate(df, str(h100), fit_kind="none").summary["median_abs_pct"]
+
+
+def test_a_mixed_table_holds_each_device_to_its_own_best():
+    """Megatron's 2020 table mixes V100 (DGX-2, no measured achievable matmul: cap 1) and
+    A100 40GB rows (0.8692 since stop 31).  One stack efficiency is fitted; the A100 rows stop
+    at their device's best, the V100 rows do not (until stop 31 every row stopped at the
+    least cap of the table), and a note says which rows ran at their cap."""
+    path = PUB / "megatron_readme_2020_tp_dp_scaling_iteration_times.csv"
+    df, _ = read_table(path)
+    v = validate(df, str(path), calibrate_on="every-third")
+    y = v.params["gemm_y_max"]
+    assert 271.2 / 312 < y <= 1.0
+    plateau = {h: s.cal.gemm_efficiency_curve.y_max.value for h, s in v.systems.items()}
+    assert plateau == {"dgx-2": pytest.approx(y), "tg40": pytest.approx(271.2 / 312)}
+    assert any("the rows of tg40 0.8692 run at that" in n for n in v.params["notes"])

@@ -200,9 +200,11 @@ def test_leave_one_out_names_each_bound_once_with_its_fold_count():
     res = validate(df, str(MLM), loo=True)
     lines = res.params["at_bound"]
     assert len(lines) == len({line.split(" = ")[0] for line in lines}), lines
-    ymax = [line for line in lines if line.startswith("gemm_y_max = ")]
-    assert len(ymax) == 1 and ymax[0].endswith(f" of {n} folds"), lines
-    k = int(ymax[0].split(" in ")[-1].split(" of ")[0])
+    # the inter-node scale ends on its bound in most folds (the GEMM plateau did until stop 31,
+    # when the V100 rows stopped being held to the A100's achievable matmul)
+    scale = [line for line in lines if line.startswith("net_busbw_scale = ")]
+    assert len(scale) == 1 and scale[0].endswith(f" of {n} folds"), lines
+    k = int(scale[0].split(" in ")[-1].split(" of ")[0])
     assert 1 <= k <= n
 
 
@@ -315,9 +317,12 @@ def test_predict_oom_verdict_names_the_term():
     [  # --calibrate-on every-third, reached (docs/analytic.md): a regression fails
         (SC21, 3.1, 4.1),  # 3.05 / 4.05
         # 1.67 / 6.67 and 2.98 / 11.99 before stop 21 kept the element-wise factor only where
-        # the rows identify it; now 3.90 / 10.24 and 4.81 / 8.69
+        # the rows identify it; then 3.90 / 10.24 and 4.81 / 8.69
         (PUB / "korthikanti2022_table5_iteration_times.csv", 4.1, 10.8),
-        (MLM, 5.1, 12.0),
+        # 3.11 / 13.02 since stop 31 (the A100 40GB's achievable matmul, each device held to its
+        # own): the max is the 8B row at 1,024 GPUs, 4x beyond the calibration rows, inside its
+        # 90 % interval
+        (MLM, 3.2, 13.1),
         # 9.11 / 38.51 before flash's recomputing backward, the fitted attention ratio and the
         # y_max cap at the A100's measured achievable matmul (0.869, reached: warned); now 4.26 / 39.70
         (MOSAIC, 4.3, 39.8),
