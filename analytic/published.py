@@ -97,7 +97,11 @@ _NUMERIC = {
 
 
 def _numeric(df: pd.DataFrame, cols) -> pd.DataFrame:
+    """``df`` with text columns' empty cells as "" (an adapter names them, not pandas) and
+    ``cols`` checked as positive finite numbers."""
     out = df.copy()
+    text = out.select_dtypes(include=["object", "string"]).columns
+    out[text] = out[text].astype(object).where(out[text].notna(), "")
     for col in cols:
         if col not in out.columns:
             raise KeyError(col)

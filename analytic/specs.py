@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import MISSING, dataclass, fields
 from functools import cache
 from pathlib import Path
@@ -401,7 +402,7 @@ def load_model(name_or_file: str) -> ModelSpec:
     if key in presets:
         return presets[key]
     path = Path(name_or_file)
-    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or os.path.exists(path):
         entry = _read_mapping(path)
         return _build(ModelSpec, path, entry.pop("name", path.stem), entry)
     raise InputError(
@@ -418,7 +419,7 @@ def load_hardware(name_or_file: str) -> HardwareSpec:
     if key in presets:
         return presets[key]
     path = Path(name_or_file)
-    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or os.path.exists(path):
         entry = _read_mapping(path)
         return _build(HardwareSpec, path, entry.pop("name", path.stem), entry)
     raise InputError(

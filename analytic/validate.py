@@ -217,16 +217,27 @@ class Table:
 
     def predicted(self, systems: dict[str, System]) -> np.ndarray:
         it, _ = self.iter_s(systems)
-        return np.where(self.inverse, self.scale / it, it)
+        with np.errstate(over="ignore", divide="ignore"):
+            return np.where(self.inverse, self.scale / it, it)
 
     def rows(self, systems: dict[str, System]) -> pd.DataFrame:
         it, oom, term = self.evaluate(systems)
-        pred = np.where(self.inverse, self.scale / it, it)
+        with np.errstate(over="ignore", divide="ignore"):  # an absurd row's time: inf, not a warning
+            pred = np.where(self.inverse, self.scale / it, it)
+            err = (pred / self.measured - 1.0) * 100.0
         return pd.DataFrame({
             "label": self.df["label"], "group": self.df["group"], "quantity": self.quantity,
-            "measured": self.measured, "predicted": pred, "err_pct": (pred / self.measured - 1.0) * 100.0,
+            "measured": self.measured, "predicted": pred, "err_pct": err,
             "pred_iter_s": it, "oom": oom, "oom_term": term,
         })  # fmt: skip
+
+
+def _fit_at(where, *args):
+    """:func:`analytic.vfit.fit`, its verdict on a row said of the table."""
+    try:
+        return fit(*args)
+    except InputError as exc:
+        raise InputError(exc.where or where, exc.problem) from None
 
 
 def _flops(model, sub: pd.DataFrame, B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -337,7 +348,7 @@ def validate(
         folds = range(n) if progress is None else progress(range(n))
         for i in folds:  # one fit per fold (n fits), each vectorised over the table
             keep = np.arange(n) != i
-            fitted, prm = fit(table, systems, keep, fit_kind)
+            fitted, prm = _fit_at(where, table, systems, keep, fit_kind)
             sub = table.subset(~keep)
             parts.append(FI.with_interval(sub.rows(fitted), sub, fitted, prm))
             params.append(prm)
@@ -365,8 +376,10 @@ def validate(
         cal_rows = ~held
         split = f"random hold-out of {n_hold}/{n} rows (seed {seed})"
     if cal_rows.all():
-        raise InputError("calibrate_on", "every row is a calibration row; nothing is held out")
-    fitted, prm = fit(table, systems, cal_rows, fit_kind)
+        raise InputError(
+            where, f"every one of its {n} row(s) is a calibration row ({split}); nothing is held out"
+        )
+    fitted, prm = _fit_at(where, table, systems, cal_rows, fit_kind)
     prm.pop("bound_hits", None)  # structured form of at_bound, for the folds' summary only
     rows = _annotate(table.rows(fitted).assign(role=np.where(cal_rows, "calibration", "held-out")), df, base)
     rows = FI.with_interval(rows, table, fitted, prm)

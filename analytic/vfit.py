@@ -243,6 +243,13 @@ def _least_squares(sub, systems: dict[str, System], names: Sequence[str], n_rows
     bounds = {**_BOUNDS, "gemm_y_max": (_BOUNDS["gemm_y_max"][0], ymax_cap)}
     x0 = np.array([min(_START[n], 0.95 * bounds[n][1]) for n in names])
     lo, hi = (np.array([bounds[n][i] for n in names]) for i in (0, 1))
+    with np.errstate(all="ignore"):
+        bad = ~np.isfinite(resid(x0))
+    if bad.any():  # a row the model cannot time (an absurd shape or layout): no fit through it
+        label = sub.df["label"].iloc[int(np.flatnonzero(bad)[0])]
+        raise InputError(
+            None, f"calibration row '{label}': the model's prediction is not finite, so it cannot be fitted"
+        )
     res = least_squares(resid, x0, bounds=(lo, hi), x_scale=np.array([_SCALE[n] for n in names]))
     if n_rows - len(names) < 1:  # an exact fit: no residual to estimate an error from
         return list(names), res, np.full(len(names), np.nan), lo, hi

@@ -79,7 +79,7 @@ _FALSE = {"false", "0", "no", "n", "f", ""}
 
 def _ints(df: pd.DataFrame, col: str, where: str) -> pd.Series:
     vals = pd.to_numeric(df[col], errors="coerce")
-    bad = ~np.isfinite(vals.to_numpy(float)) | (vals < 0) | (vals != vals.round())
+    bad = ~np.isfinite(vals.to_numpy(float)) | (vals < 0) | (vals > 2.0**53) | (vals != vals.round())
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         raise InputError(
@@ -181,7 +181,7 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
     for col in ("hardware", "group", "source"):
         if col not in out.columns:
             out[col] = ""
-        out[col] = out[col].fillna("").astype(str)
+        out[col] = out[col].astype(object).where(out[col].notna(), "").astype(str)
     out["hardware"] = _spec_paths(out["hardware"], Path(where).parent)
     _check_hardware(out, where)
     return out.reset_index(drop=True)
@@ -189,18 +189,23 @@ def normalise(df: pd.DataFrame, where: str | Path) -> pd.DataFrame:
 
 def _measure(col: pd.Series, name: str, where: str) -> pd.Series:
     """A measured column as numbers: blank cells are absent; text that is not a number, or a
-    value that is not finite and positive, is an error naming row and column (never dropped)."""
+    value outside :data:`MEASURE_RANGE`, is an error naming row and column (never dropped)."""
     vals = pd.to_numeric(col, errors="coerce")
     text = col.astype(object).where(col.notna(), "").astype(str).str.strip()
     given = ~text.isin(("", "nan", "None"))
     x = vals.to_numpy(float)
-    bad = given.to_numpy() & ~(np.isfinite(x) & (x > 0))
+    lo, hi = MEASURE_RANGE
+    bad = given.to_numpy() & ~(np.isfinite(x) & (x >= lo) & (x <= hi))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise InputError(
-            where, f"row {i + 1}: column '{name}' must be a positive number, got '{text.iloc[i]}'"
+            where, f"row {i + 1}: column '{name}' must be a number in {lo:g}..{hi:g}, got '{text.iloc[i]}'"
         )
     return vals
+
+
+#: what a measured seconds, TFLOP/s or tokens/s per GPU can be (beyond it: a typo or a unit slip)
+MEASURE_RANGE = (1e-9, 1e12)
 
 
 #: measurements converted to the three above (see the module docstring)

@@ -8,7 +8,12 @@ in-process (``calib.cli.main``, SystemExit captured):
 - a model YAML (the ``gpt-13b`` preset entry) and a hardware YAML (the ``polaris`` entry of
   ``analytic/data/hardware.yaml``) -> ``calib predict --model/--hardware FILE``;
 - nccl-tests logs (fixtures/nccl-tests, both NCCL versions) and a gloo CPU trace
-  (fixtures/traces/cpu/ws2_collectives_rank0) -> ``calib ingest FILE`` into a real store.
+  (fixtures/traces/cpu/ws2_collectives_rank0) -> ``calib ingest FILE`` into a real store;
+- published tables (fixtures/published: three adapters' formats and three canonical
+  tables) -> ``calib validate FILE --fit none --json`` (one case in eight through an
+  every-third fit; since stop 31, when mutating these tables by hand found two tracebacks
+  and three silent reads, and this corpus three more: an empty model name, a name too long
+  for a file name, a fit through a denormal measurement).
 
 The outcome must be exit 0, or exit 2 with exactly one line ``calib: ...`` naming the
 file, and no traceback.  The store (one ingested run and its fitted calibration) is
@@ -18,7 +23,8 @@ unchanged; an accepted ingest adds only its run, which is then removed again.
 Mutations are drawn by hypothesis (derandomized, no database: the same cases every run):
 text-level (cut, lines dropped / doubled / swapped, bytes inserted, numbers replaced by
 absurd ones, encodings broken) and, for JSON and YAML, structure-level (a value at a random
-path replaced by an odd one, removed, wrapped, or a key added).  The number of cases is
+path replaced by an odd one, removed, wrapped, or a key added); for tables, cell-level (a
+cell replaced by an odd value, a column dropped, the rows cut).  The number of cases is
 printed at the end; ``test_hostile_inputs.py`` mutates large traces.
 """
 
@@ -45,13 +51,21 @@ from hypothesis import strategies as st
 
 from calib.cli import main
 from tests.conftest import CPU_TRACES, FIXTURES
+from tests.hostile_tables import TABLES, mutate_table
 
 #: cases per format: 10,000 in all (about 85 s on the shared 2-core development machine);
 #: CALIB_HOSTILE_SCALE multiplies them (0.1 for a quick look)
 SCALE = float(os.environ.get("CALIB_HOSTILE_SCALE", "1"))
 EXAMPLES = {
     k: max(1, round(SCALE * v))
-    for k, v in {"calibration": 2400, "model": 2600, "hardware": 1800, "nccl": 2700, "trace": 500}.items()
+    for k, v in {
+        "calibration": 2400,
+        "model": 2600,
+        "hardware": 1800,
+        "nccl": 2700,
+        "trace": 500,
+        "table": 400,
+    }.items()
 }
 SUBPROCESS_CASES = int(os.environ.get("CALIB_HOSTILE_SUBPROCESS", "30"))
 COUNT = {"cases": 0, "accepted": 0, "refused": 0}
@@ -89,6 +103,7 @@ class World:
         self.hardware = yaml.safe_dump(yaml.safe_load(HARDWARE_FILE.read_text())["systems"]["polaris"])
         self.logs = [p.read_bytes() for p in LOGS]
         self.trace = gzip.decompress(TRACE.read_bytes())
+        self.tables = [p.read_bytes() for p in TABLES]
         self.snapshot = snapshot(self.store)
         self.work = root / "cases"
         self.work.mkdir()
@@ -155,6 +170,9 @@ def command(kind: str, path: Path, store: Path, variant: int = 0) -> list[str]:
         return ["predict", "--hardware", "polaris", "--model", str(path), "--gpus", "8", "--json"]
     if kind == "hardware":
         return ["predict", "--hardware", str(path), "--model", "gpt-125m", "--gpus", "8", "--json"]
+    if kind == "table":  # one case in eight through a fit (the cheapest: the GEMM plateau alone)
+        fit = ["--calibrate-on", "every-third", "--fit", "ymax"] if variant % 8 == 0 else ["--fit", "none"]
+        return ["validate", str(path), *fit, "--json"]
     return ["ingest", str(path), "--system", "polaris", "--store", str(store), "--name", HOSTILE_RUN]
 
 
@@ -297,6 +315,9 @@ def mutated(kind: str, world: World, data) -> tuple[bytes, str]:
     """A mutated copy of the base input of ``kind`` and its file suffix."""
     if kind == "nccl":
         return mutate_text(data.draw(st.sampled_from(world.logs)), data), ".dat.1"
+    if kind == "table":
+        blob = data.draw(st.sampled_from(world.tables))
+        return (mutate_text(blob, data) if data.draw(st.booleans()) else mutate_table(blob, data)), ".csv"
     base, suffix = {
         "calibration": (world.calibration, ".calib.json"),
         "model": (world.model, ".yaml"),
@@ -321,7 +342,8 @@ def one_case(kind: str, world: World, data) -> None:
         blob, suffix = gzip.compress(blob, 1), suffix + ".gz"
     path = world.work / f"case-{COUNT['cases']}{suffix}"
     path.write_bytes(blob)
-    code, stderr = run(command(kind, path, world.store, COUNT["cases"] % 16))
+    variant = data.draw(st.integers(0, 15)) if kind == "table" else COUNT["cases"] % 16  # replayable
+    code, stderr = run(command(kind, path, world.store, variant))
     check(world, path, code, stderr)
     path.unlink()
 
@@ -363,6 +385,12 @@ def test_mutated_nccl_tests_log(world, data) -> None:
 @given(data=st.data())
 def test_mutated_small_trace(world, data) -> None:
     one_case("trace", world, data)
+
+
+@settings(HYPOTHESIS, max_examples=EXAMPLES["table"])
+@given(data=st.data())
+def test_mutated_published_table(world, data) -> None:
+    one_case("table", world, data)
 
 
 def test_through_the_real_command_line(world) -> None:

@@ -50,13 +50,17 @@ CASES = [
      "row 3: column 'pipeline_parallel' must be a positive number, got 'x'"),
     # a measurement that is not finite (was: predicted against, a RuntimeWarning)
     ("torchtitan_fsdp2_a100_llama.csv", "measured_tokens_per_s_per_gpu", 2, "inf",
-     "row 2: column 'measured_tokens_per_s_per_gpu' must be a positive number, got 'inf'"),
+     "row 2: column 'measured_tokens_per_s_per_gpu' must be a number in 1e-09..1e+12, got 'inf'"),
     # a measurement that is text (was: 'no positive measured value', the text not named)
     ("torchtitan_fsdp2_a100_llama.csv", "measured_tokens_per_s_per_gpu", 1, "fast",
-     "row 1: column 'measured_tokens_per_s_per_gpu' must be a positive number, got 'fast'"),
+     "row 1: column 'measured_tokens_per_s_per_gpu' must be a number in 1e-09..1e+12, got 'fast'"),
     # an unknown system (was: run as an A100 40GB)
     ("megatron_readme_2020_tp_dp_scaling_iteration_times.csv", "system", 10, "TPU v4",
      "column 'system': unknown value 'TPU v4'"),
+    # an empty model name in an llm-foundry row (was: AttributeError on a float, stop 31's corpus)
+    ("mosaicml_llmfoundry_fsdp_h100_fp8.csv", "Model", 1, "", "unknown model 'mpt-'"),
+    # a model name too long for a file name (was: OSError from the file-name check)
+    ("mosaicml_llmfoundry_fsdp_h100_fp8.csv", "Model", 2, "a" * 300, "unknown model 'mpt-aaaa"),
     # an unreadable flag (was: read as no checkpointing)
     ("mosaicml_llmfoundry_fsdp_a100.csv", "Activation Checkpointing", 19, "maybe",
      "column 'Activation Checkpointing': unknown value 'maybe'"),
@@ -81,3 +85,18 @@ def test_the_unmutated_tables_still_read(tmp_path):
                 "megatron_readme_2020_tp_dp_scaling_iteration_times.csv", "mosaicml_llmfoundry_fsdp_a100.csv"):  # fmt: skip
         res = _calib("validate", str(PUB / src), "--fit", "none")
         assert res.returncode == 0, (src, res.stderr)
+
+
+def test_a_fit_through_an_absurd_measurement_is_refused(tmp_path):
+    """A denormal measurement made the fit's residuals infinite (was: scipy's ValueError);
+    measurements must lie in analytic.vtable.MEASURE_RANGE, and a table cut to one row
+    cannot hold one out (the error names the table, not only the option)."""
+    table = _mutate("torchtitan_fsdp2_a100_llama.csv", tmp_path, "measured_tokens_per_s_per_gpu", 1, "1e-320")
+    res = _calib("validate", str(table), "--calibrate-on", "every-third")
+    assert res.returncode == 2 and "must be a number in 1e-09..1e+12, got '1e-320'" in res.stderr, res.stderr
+    one = tmp_path / "one.csv"
+    one.write_text("\n".join((PUB / "torchtitan_fsdp2_a100_llama.csv").read_text().splitlines()[:2]) + "\n")
+    res = _calib("validate", str(one), "--calibrate-on", "every-third")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"calib: {one}: "), res.stderr
+    assert "nothing is held out" in lines[0]
