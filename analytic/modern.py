@@ -407,15 +407,8 @@ def stack_notes(model, plan, system=None) -> list[str]:
             "attention and LM head bf16"
         )
     elif plan.fp8 and system is not None:  # the spec path: the preset's measured FP8 rate or the datasheet's
-        hw = system.hw
-        rate = (
-            f"x{hw.fp8_gemm_speedup:g} their bf16 rate (the preset's measured fp8_gemm_speedup)"
-            if hw.fp8_gemm_speedup
-            else f"x{PR.fp8_speedup(hw):.3g} their bf16 rate, the datasheet peak ratio (stated default: no FP8 "
-            "GEMM measured on this hardware; Hopper's measured 1.78 against its 2.0)"
-        )
         out.append(
-            f"FP8: linear GEMMs at {rate}; Transformer Engine's fused casts ({PR.CAST_IN_BYTES:g} B per input, "
+            f"FP8: linear GEMMs at {PR.fp8_rate_text(system.hw)}; Transformer Engine's fused casts ({PR.CAST_IN_BYTES:g} B per input, "
             f"{PR.CAST_GRAD_BYTES:g} per gradient element, stated default); attention and LM head bf16"
         )
     if MOE.is_moe(model):

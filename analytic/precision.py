@@ -64,6 +64,16 @@ def fp8_speedup(hw) -> float:
     return float(hw.fp8_gemm_speedup or hw.peak_fp8_tflops / hw.peak_tflops)
 
 
+def fp8_rate_text(hw) -> str:
+    """How fast :func:`fp8_speedup` makes ``hw``'s FP8 linear GEMMs, and where that comes from."""
+    if getattr(hw, "fp8_gemm_speedup", None):
+        return f"x{hw.fp8_gemm_speedup:g} their bf16 rate (the preset's measured fp8_gemm_speedup)"
+    return (
+        f"x{fp8_speedup(hw):.3g} their bf16 rate, the datasheet peak ratio (stated default: no FP8 GEMM "
+        "measured on this hardware; Hopper's measured 1.78 against its 2.0)"
+    )
+
+
 def gemm_time_s(linear_flops, attn_flops, peak_flops, peak_fp8_flops, eff, fp8) -> np.ndarray:
     """Seconds of a layer's GEMMs: the linear ones at ``peak_fp8_flops`` (the bf16 peak x
     :func:`fp8_speedup`) when ``fp8``, attention at bf16."""

@@ -28,6 +28,7 @@ from calib.analytic import formulas as F
 from calib.analytic import vfit as VF  # noqa: F401 - the fits, re-exported for callers
 from calib.analytic.machine import default_calibration
 from calib.analytic.memory import overflow_term
+from calib.analytic.precision import fp8_rate_text
 from calib.analytic.specs import ModelSpec, load_hardware
 from calib.analytic.strategy import Strategies, check_config, valid_mask
 from calib.analytic.timemodel import System, comm_times, evaluate
@@ -327,6 +328,13 @@ def validate(
         raise InputError("calibrate_on", "give at most one of calibrate_on, holdout, loo")
     systems = systems_for(df, base, where)
     df, table_notes = settle_defaults(df, systems)
+    if "precision" in df.columns:  # the FP8 rate each machine's FP8 rows run at, and its source
+        fp8_hw = sorted(set(df.loc[df["precision"].astype(str) == "fp8", "hardware"]))
+        table_notes += [
+            f"FP8 rows on {systems[h].hw.name}: linear GEMMs at {fp8_rate_text(systems[h].hw)}"
+            for h in fp8_hw
+            if h in systems
+        ]
     check_rows(df, where, systems)
     table = Table.of(df)
     n = len(df)

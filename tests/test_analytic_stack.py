@@ -159,6 +159,26 @@ def test_fp8_gemm_rate_is_the_measured_one_on_hopper():
     assert bf - f8 == pytest.approx(lin * (1 - 1 / 1.78) / (989e12 * 0.75), rel=1e-9)
 
 
+def test_validation_says_which_fp8_rate_its_rows_ran_at():
+    """llm-foundry's FP8 section: the measured 1.78 on the H100; run on a B200 instead, the
+    datasheet ratio, said to be a stated default."""
+    from pathlib import Path
+
+    from calib.analytic.validate import validate
+    from calib.analytic.vtable import read_table
+
+    path = Path(__file__).parents[1] / "fixtures" / "published" / "mosaicml_llmfoundry_fsdp_h100_fp8.csv"
+    df, _ = read_table(path)
+    notes = validate(df, str(path), fit_kind="none").params["notes"]
+    assert "FP8 rows on dgx-h100: linear GEMMs at x1.78 their bf16 rate (the preset's measured" in " ".join(
+        notes
+    )
+    b200 = validate(df, str(path), fit_kind="none", base=System(default_calibration(load_hardware("b200")),
+                                                                   load_hardware("b200")))  # fmt: skip
+    assert any(n.startswith("FP8 rows on b200: linear GEMMs at x2 ") and "stated default" in n
+               for n in b200.params["notes"])  # fmt: skip
+
+
 def test_fp8_rate_agrees_with_the_recorded_matmul_benches():
     """The preset's 1.78 (a trace fit) against the matmul benches recorded with the traces:
     best FP8 over best BF16 TFLOP/s on the same shapes, each within 5 % of it."""
