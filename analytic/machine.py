@@ -301,7 +301,20 @@ def build_system(
             f"transferred to hardware spec '{hw.name}': fitted efficiencies kept, peak and bandwidths from the spec"
         )
     if is_default(cal):
-        notes.append("the calibration's GEMM efficiency is a stated default (no fit)")
+        frac, curve = achievable_fraction(hw), cal.gemm_efficiency_curve
+        if frac is not None and curve is not None and cal.device_model is None:  # the spec path's default
+            y = Param.default(
+                frac, "", f"default from hardware spec '{hw.name}': measured max achievable matmul"
+            )
+            cal = replace(cal, gemm_efficiency_curve=replace(curve, y_max=y))
+        notes.append(
+            "the calibration's GEMM efficiency is a stated default (no fit)"
+            + (
+                f": the device's measured maximum achievable matmul, {frac:.3g} of peak"
+                if frac is not None
+                else ""
+            )
+        )
     cal = _fill_collectives(cal, hw, notes)
     derived = sorted(c for c, ns in cal.network.items() if ns.form == "nccl" and _is_derived(ns))
     if derived:

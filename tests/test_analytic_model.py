@@ -19,6 +19,7 @@ from calib.analytic.search import Space, search
 from calib.analytic.specs import load_hardware, load_model
 from calib.analytic.strategy import Strategies
 from calib.analytic.timemodel import TIME_KEYS, System, evaluate
+from calib.calibrate.calibration import Calibration
 
 from calib.core.collective_names import ALLGATHER, ALLREDUCE
 from calib.resolve import resolve_system
@@ -184,9 +185,16 @@ def test_predict_from_fitted_calibration(polaris_calibration):
     assert busbw == pytest.approx(36.8, rel=0.05)
     pred = predict(load_model("gpt-13b"), sysm, [8, 64, 512], Plan(zero=3)).table
     assert (pred["dp_allgather_exposed_s"] > 0).all() and pred["oom"].tolist() == [True, False, False]
+    # a network-only fit leaves the GEMM plateau a stated default: the device's measured
+    # achievable matmul, as --hardware gives it (stop 31; the fit wrote the generic 0.75)
+    stored = Calibration.load(polaris_calibration / "polaris" / "polaris.calib.json")
+    assert stored.gemm_efficiency_curve.y_max.value == 0.75
+    assert sysm.cal.gemm_efficiency_curve.y_max.value == pytest.approx(271.2 / 312)
+    assert any("measured maximum achievable matmul, 0.869 of peak" in n for n in notes)
     # transfer the same fit to a DGX H100 spec: faster, and flagged as transferred
     h100, notes = resolve_system(system="polaris", hardware="dgx-h100", store=polaris_calibration)
     assert any("transferred" in n for n in notes)
+    assert h100.cal.gemm_efficiency_curve.y_max.value == pytest.approx(794.5 / 989)  # the H100's default
     fast = predict(load_model("gpt-13b"), h100, [64], Plan(zero=3)).table
     assert fast["iter_s"].iloc[0] < pred["iter_s"].iloc[1]
 
