@@ -303,9 +303,7 @@ def build_system(
     if is_default(cal):
         frac, curve = achievable_fraction(hw), cal.gemm_efficiency_curve
         if frac is not None and curve is not None and cal.device_model is None:  # the spec path's default
-            y = Param.default(
-                frac, "", f"default from hardware spec '{hw.name}': measured max achievable matmul"
-            )
+            y = default_calibration(hw).gemm_efficiency_curve.y_max
             cal = replace(cal, gemm_efficiency_curve=replace(curve, y_max=y))
         notes.append(
             "the calibration's GEMM efficiency is a stated default (no fit)"

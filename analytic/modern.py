@@ -393,7 +393,7 @@ def stack_notes(model, plan, system=None) -> list[str]:
         gemm = (
             f"at the traced FP8 speed-up x{sp.value:.3g} of its bf16 rate"
             if sp is not None
-            else "at its bf16 rate x the FP8/bf16 peak ratio (stated default: no FP8 GEMM traced)"
+            else f"at {PR.fp8_rate_text(system.hw)}, no FP8 GEMM traced"
         )
         casts = (
             f"the traced {cb.value:.3g} B per GEMM operand element"

@@ -170,9 +170,9 @@ def test_another_device_gets_the_ratio_of_achievable_matmuls(fitted):
 
 def test_fp8_under_the_device_model(fitted):
     """FP8 with a device model fitted on BF16 traces: the layer's linear GEMMs run at the
-    fitted rate x 1979 / 989 (the rule a BF16-only calibration predicted the llm-foundry FP8
-    section with, 5.94 % median), their casts stream at the fitted bandwidth, attention stays
-    bf16 -- so a step gets faster, by less than the peak ratio."""
+    fitted rate x the FP8 rate (here the datasheet's 1979 / 989 for the mechanics; on the
+    dgx-h100 preset its measured 1.78 since stop 31), their casts stream at the fitted
+    bandwidth, attention stays bf16 -- so a step gets faster, by less than that rate."""
     from dataclasses import replace
 
     import numpy as np
@@ -202,12 +202,14 @@ def test_fp8_under_the_device_model(fitted):
     st = Strategies.of(tp=1, pp=1, dp=8, micro_batch=2, global_batch=16, zero=3, flash_attention=True,
                        fp8=np.array([False, True]))  # fmt: skip
     it = evaluate(m, sysm, st)["iter_s"]
-    assert 1.0 < it[0] / it[1] < r8
-    # the prediction says which FP8 terms are stated defaults (no FP8 run traced on this H100),
-    # once: the spec path's own FP8 note is not added beside the device model's (stop 25)
+    assert 1.0 < it[0] / it[1] < PR.fp8_speedup(load_hardware("dgx-h100")) == 1.78
+    # the prediction says where each FP8 term comes from (no FP8 run traced on this H100: the
+    # preset's measured rate, the casts a stated default), once: the spec path's own FP8 note
+    # is not added beside the device model's (stop 25)
     notes = [n for n in model.predict(m, gpus=[8], micro_batch=2, fp8=True, flash_attention=True).notes
              if n.startswith("FP8")]  # fmt: skip
-    assert len(notes) == 1 and notes[0].count("stated default") == 2 and "Transformer Engine" in notes[0]
+    assert len(notes) == 1 and "x1.78 their bf16 rate (the preset's measured fp8_gemm_speedup)" in notes[0]
+    assert notes[0].count("stated default") == 1 and "Transformer Engine" in notes[0]
 
 
 def test_mla_widths_scale_the_device_models_attention(fitted):
