@@ -149,6 +149,15 @@ def test_fp8_gemm_rate_is_the_measured_one_on_hopper():
     assert [PR.fp8_speedup(load_hardware(h)) for h in ("dgx-h100", "h800", "h200")] == [1.78] * 3
     assert PR.fp8_speedup(load_hardware("b200")) == pytest.approx(4500 / 2250)
     assert PR.fp8_speedup(load_hardware("dgx-a100-80gb")) == 1.0  # no FP8 tensor cores
+    # a spec file's rate must be a positive number, and only where the hardware has FP8 units
+    for hw, bad in (
+        ("dgx-h100", 0.0),
+        ("dgx-h100", float("nan")),
+        ("dgx-h100", "fast"),
+        ("dgx-a100-80gb", 1.5),
+    ):
+        with pytest.raises(InputError, match="fp8_gemm_speedup needs peak_fp8_tflops, a number > 0"):
+            replace(load_hardware(hw), fp8_gemm_speedup=bad)
     st = {
         x: Strategies.of(tp=1, pp=1, dp=8, micro_batch=1, global_batch=8, fp8=x, dist_opt=True)
         for x in (0, 1)

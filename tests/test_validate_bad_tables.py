@@ -100,3 +100,18 @@ def test_a_fit_through_an_absurd_measurement_is_refused(tmp_path):
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"calib: {one}: "), res.stderr
     assert "nothing is held out" in lines[0]
+
+
+def test_a_spec_files_fp8_rate_is_checked(tmp_path):
+    """The new hardware field (stop 31) through `calib predict --hardware FILE`: one line, exit 2."""
+    import yaml
+
+    entry = yaml.safe_load((PUB.parents[1] / "analytic" / "data" / "hardware.yaml").read_text())["systems"][
+        "dgx-h100"
+    ]
+    spec = tmp_path / "h100-bad.yaml"
+    spec.write_text(yaml.safe_dump({**entry, "fp8_gemm_speedup": -2}))
+    res = _calib("predict", "--hardware", str(spec), "--model", "gpt-125m", "--gpus", "8")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"calib: {spec}: "), res.stderr
+    assert "fp8_gemm_speedup needs peak_fp8_tflops, a number > 0: -2" in lines[0]
