@@ -92,7 +92,9 @@ def layer_terms(
     selective = np.asarray(rc) == F.SELECTIVE
     attn = attn_scale * attn * np.where(selective, 4.5 / 3.5, 1.0)  # selective: the core's forward once more
     attn = D.attn_factor(fam) * attn  # torch.compile's traced attention (device_compile)
-    stream = D.stream_layer_s(dm, fam, T, sh.d, sh.ffn, t, sp, stream_passes)
+    stream = D.stream_layer_s(dm, fam, T, sh.d, sh.ffn, t, sp, stream_passes) + mla_stream_s(
+        dm, fam, sh, T, t, sp, stream_passes
+    )
     if np.any(fp8):
         if dm.fp8_cast_bytes_per_elem is not None:  # the traced implementation's casts
             casts = dm.fp8_cast_bytes_per_elem.value * D.fp8_operand_elems_layer(
@@ -104,6 +106,22 @@ def layer_terms(
             casts = casts * fam.cast_fusion.value
         stream = stream + np.where(fp8, casts / (D._bw(dm, fam) * 1e12), 0.0)
     return {"transformer": gemm + attn, "stream": stream}
+
+
+def mla_stream_s(dm: DeviceModel, fam: Family, sh: Shape, T, t, sp, passes_fwd) -> np.ndarray | float:
+    """Multi-head latent attention's memory-bound work beyond the dense family's, per layer
+    and micro-batch: the traced implementation's bytes per token-layer per unit of d and
+    kernels per layer (``dm.mla``, calibrate.device_mla), split over TP as the family's
+    d-wide work is (stated); 0 for a model without MLA or a system without a dense MLA run."""
+    mt = dm.mla
+    if mt is None or sh.attn is None:
+        return 0.0
+    fuse_bytes, fuse_kernels, _ = compile_fusion(dm, fam)
+    d_part = np.where(np.asarray(sp, dtype=bool), sh.d / np.asarray(t, dtype=float), sh.d)
+    nbytes = max(mt.bytes_d.value, 0.0) * fuse_bytes * np.asarray(T, dtype=float) * d_part
+    kernels = max(mt.kernels_layer.value, 0.0) * fuse_kernels
+    scale = (np.asarray(passes_fwd, dtype=float) + 2.0) / 3.0
+    return scale * (nbytes / (D._bw(dm, fam) * 1e12) + kernels * D._t0(dm, fam))
 
 
 def compile_fusion(dm: DeviceModel, fam: Family) -> tuple[float, float, float]:
@@ -181,10 +199,12 @@ def moe_device_s(
     return routed_s + cast_bytes / (D._bw(dm, fam) * 1e12)
 
 
-def host_s(dm: DeviceModel, fam: Family, layers, microbatches, moe_share=0.0) -> np.ndarray:
+def host_s(dm: DeviceModel, fam: Family, layers, microbatches, moe_share=0.0, mla=False) -> np.ndarray:
     """The step's host issue time (device_step.host_s) plus the traced MoE implementation's
-    operators on the MoE share of the layers (device_moe)."""
+    operators on the MoE share of the layers (device_moe) and, for a model with multi-head
+    latent attention (``mla``), the traced MLA's on every layer (device_mla)."""
     extra = max(dm.moe.host_ops_layer.value, 0.0) * moe_share if dm.moe is not None else 0.0
+    extra = extra + (max(dm.mla.host_ops_layer.value, 0.0) if mla and dm.mla is not None else 0.0)
     extra = extra * compile_fusion(dm, fam)[2] if extra else extra
     return D.host_s(dm, fam, layers, microbatches, extra)
 

@@ -306,6 +306,20 @@ def mtp_activation_bytes(model, p, per_layer, logits, schedule=0) -> np.ndarray:
     return np.where(peak, n * (np.asarray(per_layer) + np.asarray(logits)), 0.0)
 
 
+def device_notes(model, dm) -> list[str]:
+    """What a prediction of an MLA model on a fitted device model (``dm``; None: the spec
+    path, no note) takes for MLA's host operators and element-wise work (calibrate.device_mla)."""
+    if dm is None or not uses_mla(model):
+        return []
+    if dm.mla is not None:
+        return [f"MLA: the traced implementation's host operators and element-wise work, measured on {', '.join(dm.mla.runs)}"]  # fmt: skip
+    return [
+        "MLA: its GEMMs from the projections' shapes; its host operators and element-wise work taken as the dense "
+        "family's (stated default: no dense MLA run traced on this system; HF's DeepseekV3Attention issued 271 "
+        "host ops per layer more than LlamaAttention on an H200, fixtures/traces/h200c)"
+    ]
+
+
 def params_note(model, total: float, active: float) -> str:
     """The MoE parameter note, with the MTP module apart where the model has one."""
     text = f"MoE: {total / 1e9:.1f} B parameters, {active / 1e9:.1f} B active per token"

@@ -425,6 +425,7 @@ def stack_notes(model, plan, system=None) -> list[str]:
                 "default: no MoE run traced on this system); HF transformers' grouped experts ran 20-40 % "
                 "slower than it on an H100 and an H200 -- trace one MoE run to measure yours"
             )
+    out.extend(MLA.device_notes(model, system.device_model if system is not None else None))
     if plan.tp_overlap:
         out.append(
             f"TP communication overlap: fraction {OV.TP_OVERLAP} of it hides under the layer (stated default)"

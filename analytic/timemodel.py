@@ -358,7 +358,7 @@ def evaluate(
         optimizer = share * (
             D.optimizer_s(dm, fam, opt_params) + D.step_fixed_s(dm, fam, params_gpu - emb, emb)
         )
-        host = DP.host_s(dm, fam, lps, m, X.moe_share(model) if X.MOE.is_moe(model) else 0.0)
+        host = DP.host_s(dm, fam, lps, m, X.moe_share(model) if X.MOE.is_moe(model) else 0.0, sh.attn is not None)  # fmt: skip
 
     dp_exposed = dp_exposed + c.get("tp2d_grad_s", 0.0)  # 2D TP: weight gradients over tp_c
     device_iter = (pipeline + optimizer) + dp_exposed

@@ -13,9 +13,12 @@ Splits (written before any prediction; SOURCE.txt there):
           implementation (Mixtral, DeepSeek-V3, Qwen2-MoE): how far one stack's terms carry;
   fp8     each eager FP8 run of the second H100 predicted from a fit with the other;
   cross   the H100 fit moved to the H200 and the H200 fit moved to the H100 (twin runs);
-  kernels the element-wise and AdamW bench, H200 over H100.
+  kernels the element-wise and AdamW bench, H200 over H100;
+  mla     stop 32 (fixtures/traces/h200c, h100c): the MLA terms from mla-dense-d1024 alone ->
+          two more dense MLA shapes and three DeepSeek-V3 runs (with the Mixtral MoE terms),
+          against the same fits without a dense MLA run; each DeepSeek-V3 run's own MoE terms.
 
-Usage: python benchmarks/device_heldout.py [--section dense moe other moe-from fp8 cross kernels]
+Usage: python benchmarks/device_heldout.py [--section dense moe other moe-from fp8 cross kernels mla]
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ H200_DENSE = (
     "llama-gqa-d2048-s4k",
 )
 OTHER = ("dsv3-d1024-e64-top6", "qwen2moe-d1024-e60-top4", "dsv3-d2048-e32-top4")
+MLA_DEV = "mla-dense-d1024"  # the MLA terms' one run (fixtures/traces/h200c, h100c; stop 32)
+MLA_HELD = ("mla-dense-d2048", "mla-dense-d1536-s4k")
+DSV3 = ("dsv3-d1024-e64-top6", "dsv3-d2048-e32-top4", "dsv3-d1024-e32-top4-f384")
 
 
 def measured(folder: str) -> dict:
@@ -70,17 +76,23 @@ def spec(name: str, sh: dict) -> ModelSpec:
     if "ffn" not in sh:  # HF GPT-2
         return ModelSpec(name, sh["d"], sh["l"], sh["a"], sh["s"], sh["V"], dropout=False)
     kw = dict(ffn=sh["ffn"], mlp="swiglu", tied_embeddings=False, dropout=False)
-    if name.startswith("dsv3"):  # MLA, shared experts, a leading dense layer
-        kw.update(n_experts=sh["E"], top_k=sh["topk"], expert_ffn=sh["effn"], shared_experts=sh["shared"],
-                  dense_layers=sh["dense"], qk_head_dim=sh["nope"] + sh["rope"], v_head_dim=sh["vh"],
-                  q_lora_rank=sh["qr"], kv_lora_rank=sh["kvr"], qk_rope_head_dim=sh["rope"])  # fmt: skip
-    elif "shffn" in sh:  # Qwen2-MoE: the shared expert as shared experts of the routed width
-        kw.update(kv_heads=sh["kv"], n_experts=sh["E"], top_k=sh["topk"], expert_ffn=sh["effn"],
-                  shared_experts=sh["shffn"] // sh["effn"])  # fmt: skip
+    if "qr" in sh:  # DeepSeek-V3's multi-head latent attention
+        kw.update(qk_head_dim=sh["nope"] + sh["rope"], v_head_dim=sh["vh"], q_lora_rank=sh["qr"],
+                  kv_lora_rank=sh["kvr"], qk_rope_head_dim=sh["rope"])  # fmt: skip
     else:
         kw.update(kv_heads=sh["kv"])
-        if "E" in sh:
-            kw.update(n_experts=sh["E"], top_k=sh["topk"], expert_ffn=sh["ffn"])
+    if "shffn" in sh:  # Qwen2-MoE: the shared expert as shared experts of the routed width
+        kw.update(
+            n_experts=sh["E"],
+            top_k=sh["topk"],
+            expert_ffn=sh["effn"],
+            shared_experts=sh["shffn"] // sh["effn"],
+        )
+    elif "shared" in sh:  # DeepSeek-V3: shared experts, leading dense layers
+        kw.update(n_experts=sh["E"], top_k=sh["topk"], expert_ffn=sh["effn"], shared_experts=sh["shared"],
+                  dense_layers=sh["dense"])  # fmt: skip
+    elif "E" in sh:
+        kw.update(n_experts=sh["E"], top_k=sh["topk"], expert_ffn=sh["ffn"])
     return ModelSpec(name, sh["d"], sh["l"], sh["a"], sh["s"], sh["V"], **kw)
 
 
@@ -107,9 +119,46 @@ def report(title: str, model: SystemModel, names, runs: dict, **kw) -> list[floa
     return errs
 
 
+def mla_section(h100b_dense) -> None:
+    """Multi-head latent attention's terms from one dense MLA run, held out on the rest."""
+    h200c, h100c, h100b = measured("h200c"), measured("h100c"), measured("h100b")
+    base = [*(("h200", n) for n in H200_DENSE), ("h200", "mixtral-d1024-e8")]
+    for tag, runs in (
+        ("no MLA run in the fit", base),
+        (f"MLA terms from {MLA_DEV}", [*base, ("h200c", MLA_DEV)]),
+    ):
+        model = fit(runs, "h200-hf", "h200")
+        report(
+            f"mla: H200, {tag}: dense MLA ({MLA_DEV} in-sample where fitted)",
+            model,
+            (MLA_DEV, *MLA_HELD),
+            h200c,
+        )
+        report(f"mla: H200, {tag}: DeepSeek-V3 with the Mixtral MoE terms (held out)", model, DSV3, h200c)
+    h100 = [*h100b_dense, ("h100b", "mixtral-d1024-e8")]
+    for tag, runs in (
+        ("no MLA run in the fit", h100),
+        (f"MLA terms from {MLA_DEV}", [*h100, ("h100c", MLA_DEV)]),
+    ):
+        model = fit(runs, "h100-hf", "h100")
+        report(f"mla: H100, {tag}: DeepSeek-V3 of the second H100 machine", model, DSV3[:2], h100b)
+        report(
+            f"mla: H100, {tag}: dense MLA (a noisy host, fixtures/traces/h100c)",
+            model,
+            ("mla-dense-d2048",),
+            h100c,
+        )
+    for one in DSV3:
+        model = fit([*base[:-1], ("h200c", MLA_DEV), ("h200c", one)], "h200-hf", "h200")  # not Mixtral's
+        mt = model.device_model_.moe
+        terms = ", ".join(f"{k} {getattr(mt, k).value:.4g}" for k in ("bytes_d", "bytes_ffn", "kernels_layer",
+                                                                     "host_ops_layer", "grouped_gemm_scale"))  # fmt: skip
+        report(f"mla: H200, the MoE terms of {one} ({terms})", model, [n for n in DSV3 if n != one], h200c)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    names = ["dense", "moe", "other", "moe-from", "fp8", "cross", "kernels"]
+    names = ["dense", "moe", "other", "moe-from", "fp8", "cross", "kernels", "mla"]
     ap.add_argument("--section", nargs="*", default=names, choices=names)
     sections = set(ap.parse_args(argv).section)
     h100b, h200b = measured("h100b"), measured("h200b")
@@ -152,6 +201,8 @@ def main(argv=None) -> None:
                ("g350m-b16", "llama-d1024-s8k-b2", "llama-d3072-s2k"), h200b, hardware="h200")  # fmt: skip
         h200fit = fit([("h200", n) for n in REPLICAS], "h200-hf", "h200")
         report("cross: the H200 fit moved to the H100", h200fit, (REPEAT, *NEW_DENSE), h100b, hardware="h100")
+    if "mla" in sections:
+        mla_section(h100b_dense)
     if "kernels" in sections:
         a, b = (json.loads((FIX / f / "measured_steps.json").read_text())["kernels"]["bandwidth"]
                 for f in ("h100b", "h200b"))  # fmt: skip

@@ -130,11 +130,11 @@ def loo_rel_errors(dm: DeviceModel, compiled: bool | None = None) -> np.ndarray:
 
 
 #: the variant tags whose runs the per-run table leaves to the analytic device path
-VARIANT_KINDS = ("fp8", "moe")
+VARIANT_KINDS = ("fp8", "moe", "mla")
 
 
 def variant_rows(dm: DeviceModel, traced: Sequence[RunFacts]) -> tuple[dict, ...]:
-    """The FP8 and MoE runs (``RunFacts.variant``) that the dense per-run table leaves out:
+    """The FP8, MoE and MLA runs (``RunFacts.variant``) that the dense per-run table leaves out:
     their measured step and peak memory, their shape, and their variant terms refitted
     without them -- the FP8 GEMM speed-up and cast bytes from the other FP8 runs, the MoE
     routing terms from the other MoE runs (none: the hand count).  Their predictions need
@@ -144,6 +144,7 @@ def variant_rows(dm: DeviceModel, traced: Sequence[RunFacts]) -> tuple[dict, ...
     from dataclasses import asdict, replace
 
     from calib.calibrate.device_fp8 import fit_fp8_casts, fit_fp8_gemm
+    from calib.calibrate.device_mla import fit_mla
     from calib.calibrate.device_moe import fit_moe
 
     def js(term):
@@ -160,13 +161,18 @@ def variant_rows(dm: DeviceModel, traced: Sequence[RunFacts]) -> tuple[dict, ...
             speedup = fit_fp8_gemm(rest, dm.gemm)
             held["fp8_gemm_speedup"] = js(speedup)
             held["fp8_cast_bytes_per_elem"] = js(fit_fp8_casts(rest, replace(dm, fp8_gemm_speedup=speedup)))
-        if "moe" in kinds:
-            held["moe"] = js(fit_moe(rest, dm))
+        mla = fit_mla(rest, dm) if "mla" in kinds else dm.mla
+        if "mla" in kinds:
+            held["mla"] = js(mla)
+        if "moe" in kinds:  # measured net of the MLA terms in hand (device_moe.excess)
+            held["moe"] = js(fit_moe(rest, replace(dm, mla=mla)))
         rows.append({
             "run": f.name, "variant": f.variant, "measured_step_s": f.step_s,
             "measured_mem_gb": f.peak_mem_bytes / 1e9 if f.peak_mem_bytes else None,
             "shape": {"d": f.d, "L": f.L, "a": f.a, "kv": f.kv, "ffn": f.ffn, "s": f.s, "V": f.V, "b": f.b,
-                      "mlp": f.mlp, "tied": f.tied, "experts": f.experts, "top_k": f.top_k},
+                      "mlp": f.mlp, "tied": f.tied, "experts": f.experts, "top_k": f.top_k,
+                      "expert_ffn": f.expert_ffn, "shared_ffn": f.shared_ffn, "dense_layers": f.dense_layers,
+                      **({"mla": dict(f.mla_shape)} if f.mla_shape else {})},
             "held_out_terms": held,
         })  # fmt: skip
     return tuple(rows)

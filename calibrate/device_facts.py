@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from calib.calibrate.device_model import BF16, FP32_AUTOCAST, GELU, SWIGLU
 from calib.calibrate.device_step import layer_params
+from calib.ingest.capture.runconfig import MLA_SHAPE_KEYS
 from calib.ingest.gemms import GROUPED_OPS, fp8_operands
 
 from calib.core.devices import flagged_classes
@@ -66,6 +67,13 @@ class RunFacts:
     shared_ffn: int = 0
     #: leading layers with a dense MLP (``dense``; DeepSeek-V3's first three)
     dense_layers: int = 0
+    #: multi-head latent attention's widths as the capture states them (``qr``, ``kvr``,
+    #: ``rope``, ``nope``, ``vh``: runconfig.MLA_SHAPE_KEYS); empty: not MLA
+    mla_shape: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def mla(self) -> bool:
+        return bool(self.mla_shape)
 
     @property
     def T(self) -> int:
@@ -130,6 +138,7 @@ def facts(run: Run) -> RunFacts | None:
     )
     shapes["count"] = shapes["count"] / per_it
     top_k, effn = _int(m, "topk") or _top_k(g, b * s), _int(m, "effn") or 0
+    mla = tuple((k, _int(m, k) or 0) for k in MLA_SHAPE_KEYS) if _int(m, "qr") or _int(m, "kvr") else ()
     return RunFacts(
         name=run.meta.name, d=d, L=L, a=a, kv=kv, ffn=int(ffn), s=s, V=V, b=b, mlp=mlp, weights=weights,
         params=float(params), tied=bool(tied), step_s=_pos(measured.get("step_s_unprofiled")),
@@ -138,9 +147,9 @@ def facts(run: Run) -> RunFacts | None:
         groups=_groups(ops, b * s, d, int(ffn), V, float(params), top_k * b * s, effn),
         host_ops=float(host["n_host_ops"].iloc[0]) if len(host) else float("nan"),
         host_issue_s=float(host["host_issue_s"].iloc[0]) if len(host) else float("nan"),
-        gemms=shapes, flagged=frozenset(flagged_classes(run.meta.notes)), variant=variant(names, g, _int(m, "E") or 0),
+        gemms=shapes, flagged=frozenset(flagged_classes(run.meta.notes)), variant=variant(names, g, _int(m, "E") or 0, bool(mla)),
         top_k=top_k, experts=_int(m, "E") or 0, expert_ffn=effn, dense_layers=_int(m, "dense") or 0,
-        shared_ffn=_int(m, "shffn") or (_int(m, "shared") or 0) * (effn or int(ffn)),
+        shared_ffn=_int(m, "shffn") or (_int(m, "shared") or 0) * (effn or int(ffn)), mla_shape=mla,
     )  # fmt: skip
 
 
@@ -160,17 +169,19 @@ ROUTING_OPS = frozenset(
 )
 
 
-def variant(op_names: set[str], gemms: pd.DataFrame, experts: int = 0) -> str:
+def variant(op_names: set[str], gemms: pd.DataFrame, experts: int = 0, mla: bool = False) -> str:
     """The implementation variant a trace shows (``gemms``: the run's GEMM ops with their
     ``fp8`` flag): FP8 GEMMs, MoE (grouped expert GEMMs, a top-k routing beside a token
-    scatter, or ``experts`` > 0 stated by the capture), or TorchInductor's generated
-    kernels (torch.compile)."""
+    scatter, or ``experts`` > 0 stated by the capture), multi-head latent attention
+    (``mla``, stated by the capture), or TorchInductor's generated kernels (torch.compile)."""
     tags = []
     if len(gemms) and gemms["fp8"].any():
         tags.append("fp8")
     routed = "aten::topk" in op_names and bool(op_names & ROUTING_OPS)
     if experts > 0 or routed or (len(gemms) and gemms["op"].isin(GROUPED_OPS).any()):
         tags.append("moe")
+    if mla:
+        tags.append("mla")
     if any(n.startswith("triton_") for n in op_names):
         tags.append("compiled")
     return "+".join(tags)

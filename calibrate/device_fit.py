@@ -26,6 +26,7 @@ from calib.calibrate.device_attention import ATTN_HEAD_TILE, fit_attention
 from calib.calibrate.device_compile import compiled_runs, fit_compiled_families
 from calib.calibrate.device_facts import RunFacts
 from calib.calibrate.device_fp8 import fit_fp8_casts, fit_fp8_gemm
+from calib.calibrate.device_mla import fit_mla
 from calib.calibrate.device_model import (
     ADAM_BYTES_PER_PARAM,
     DeviceModel,
@@ -417,7 +418,10 @@ def fit_device(runs: Sequence[RunFacts], bench: pd.DataFrame, device: str, peak_
         names = ", ".join(n for fam in compiled for n in fam.runs)
         notes = [*dm.notes, f"torch.compile family fitted on {names} (against the eager model)"]
         dm = replace(dm, families=dm.families + compiled, notes=tuple(notes))
-    moe = fit_moe(traced, dm)  # against the eager dense model (device_moe)
+    mla = fit_mla(traced, dm)  # against the eager dense model (device_mla)
+    if mla is not None:
+        dm = replace(dm, mla=mla, notes=(*dm.notes, f"MLA terms measured on {', '.join(mla.runs)}"))
+    moe = fit_moe(traced, dm)  # against the eager dense model and the MLA terms (device_moe)
     if moe is not None:
         dm = replace(dm, moe=moe, notes=(*dm.notes, f"MoE routing terms measured on {', '.join(moe.runs)}"))
     return dm

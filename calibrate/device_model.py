@@ -174,6 +174,24 @@ class MoeTerms:
         return _terms_from_json(cls, d, "device_model.moe")
 
 
+@dataclass(frozen=True)
+class MlaTerms:
+    """What a traced multi-head latent attention (DeepSeek-V2/V3) layer streams and issues
+    beyond the dense family's layer (Q, K, V, O of full heads), measured from a dense MLA
+    trace (:mod:`device_mla`): bytes per token-layer per unit of d (the latents' norms, the
+    heads' split into rotary and plain parts, their concatenation), memory-bound kernels and
+    host operators per layer."""
+
+    bytes_d: Param
+    kernels_layer: Param
+    host_ops_layer: Param
+    runs: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> MlaTerms:
+        return _terms_from_json(cls, d, "device_model.mla")
+
+
 def _terms_from_json(cls, d: Mapping[str, Any], where: str):
     """A dataclass of fitted terms (Params) and the runs they were measured on, from JSON."""
     reject_unknown(d, cls, where)
@@ -224,6 +242,9 @@ class DeviceModel:
     compiled: bool = False
     #: the traced MoE implementation's routing work (device_moe); None: hand counts
     moe: MoeTerms | None = None
+    #: the traced multi-head latent attention's work beyond the dense family (device_mla);
+    #: None: an MLA model's layers issue and stream what the dense family's do
+    mla: MlaTerms | None = None
     #: the FP8 and MoE runs the per-run table (``runs``) leaves out: measured values, shape
     #: and their variant terms measured without them (device_check.variant_rows); the
     #: analytic device path predicts them when the table is shown
@@ -312,6 +333,7 @@ class DeviceModel:
         out["gemm"] = GemmModel.from_json(d["gemm"])
         out["families"] = tuple(Family.from_json(f) for f in d.get("families", ()))
         out["moe"] = MoeTerms.from_json(d["moe"]) if d.get("moe") else None
+        out["mla"] = MlaTerms.from_json(d["mla"]) if d.get("mla") else None
         out["runs"] = tuple(d.get("runs", ()))
         out["variant_runs"] = tuple(d.get("variant_runs", ()))
         out["notes"] = tuple(d.get("notes", ()))

@@ -41,20 +41,23 @@ from calib.calibrate.device_facts import RunFacts, group_of
 from calib.calibrate.device_model import DeviceModel, MoeTerms
 from calib.calibrate.params import Param
 
-#: the variant tag (device_facts.variant) of an eager MoE run
-MOE = "moe"
+#: the variant tags (device_facts.variant) of an eager MoE run, and of one with multi-head
+#: latent attention (DeepSeek-V3; its MLA share is taken out where MLA terms were measured)
+MOE, MOE_MLA = "moe", "moe+mla"
 
 
 def moe_runs(runs: Sequence[RunFacts]) -> list[RunFacts]:
-    return [f for f in runs if f.variant == MOE and f.top_k > 0 and f.busy_s > 0]
+    return [f for f in runs if f.variant in (MOE, MOE_MLA) and f.top_k > 0 and f.busy_s > 0]
 
 
 def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
     """One MoE run's streamed bytes, kernels and host operators beyond its dense family, per
     routed token and unit of width, or per MoE layer.  The run's dense layers and its shared
     experts are dense MLPs (of width ffn and ``shared_ffn``): the family's ffn bytes on them
-    are subtracted before the routed rows' share is taken."""
+    are subtracted before the routed rows' share is taken; so is the MLA terms' share of an
+    MLA run (device_mla.layer_share)."""
     from calib.calibrate.device_fit import unsized_bytes
+    from calib.calibrate.device_mla import layer_share
 
     fam, _ = dm.family(f.mlp, f.weights, compiled=False)
     gr = f.groups
@@ -66,10 +69,13 @@ def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
     # the shared experts' dense-MLP bytes leave the group their tensors land in
     shared = fam.bytes_ffn.value * f.T * f.shared_ffn * L_moe
     sh_ffn = shared_group(f) in ("ffn", "expert")
-    dense_d = fam.bytes_d.value * f.d * f.T * f.L + (0.0 if sh_ffn else shared)
+    mla = layer_share(dm, f)
+    dense_d = fam.bytes_d.value * f.d * f.T * f.L + (0.0 if sh_ffn else shared) + mla["bytes"]
     dense_ffn = fam.bytes_ffn.value * f.T * f.ffn * f.dense_layers + (shared if sh_ffn else 0.0)
-    kernels = float(gr["kernels"].sum()) - fam.kernels_layer.value * f.L - fam.kernels_step.value
-    host = f.host_ops - fam.host_ops_layer.value * f.L - fam.host_ops_step.value
+    kernels = (
+        float(gr["kernels"].sum()) - fam.kernels_layer.value * f.L - fam.kernels_step.value - mla["kernels"]
+    )
+    host = f.host_ops - fam.host_ops_layer.value * f.L - fam.host_ops_step.value - mla["host_ops"]
     g = f.gemms[f.gemms["grouped"].astype(bool)]
     roof = float((dm.gemm.time_s(g["m"], g["n"], g["k"], g["batch"]) * g["count"]).sum())
     ffn_bytes = gr.loc["ffn", "bytes"] + (gr.loc["expert", "bytes"] if "expert" in gr.index else 0.0)

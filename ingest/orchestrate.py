@@ -22,7 +22,7 @@ from calib.ingest import collective_calls as _collectives
 from calib.ingest import device_ops as _device_ops
 from calib.ingest import frameworks as _frameworks
 from calib.ingest import gemms as _gemms
-from calib.ingest.capture.runconfig import MOE_SHAPE_KEYS, check_shape
+from calib.ingest.capture.runconfig import OPTIONAL_SHAPE_KEYS, check_shape
 from calib.ingest.discover import default_name, find_inputs, rank_hints
 from calib.ingest.events import Events, read_events
 from calib.ingest.executors import ExecutorSpec, RankJob, run_jobs
@@ -287,7 +287,7 @@ def apply_run_config(paths: Sequence[str | Path], options: IngestOptions) -> tup
     shape = {
         k: v
         for k, v in {**model, **full}.items()
-        if k in ("d", "l", "a", "s", "V", "b", "kv", "ffn", *MOE_SHAPE_KEYS)
+        if k in ("d", "l", "a", "s", "V", "b", "kv", "ffn", *OPTIONAL_SHAPE_KEYS)
         and isinstance(v, int)
         and not isinstance(v, bool)
     }

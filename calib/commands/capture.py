@@ -118,7 +118,7 @@ def format_report(report) -> str:  # noqa: ANN001 - CheckReport, imported lazily
     default=None,
     help="Model shape d=,l=,a=,s=,V=,b= (hidden, layers, heads, sequence, vocab, micro-batch per rank); "
     "optionally kv=, ffn= and, for MoE, E=, topk=, effn= (expert width), shared= or shffn= (shared experts), "
-    "dense= (dense layers).",
+    "dense= (dense layers) and, for multi-head latent attention, qr=, kvr=, rope=, nope=, vh=.",
 )
 @click.option("--framework", default=None, help=f"What trained the model: {', '.join(_FRAMEWORKS)}.")
 @click.option(
@@ -146,7 +146,7 @@ def collect(
     """
     from calib.core.store import check_name
     from calib.ingest.capture.collect import collect as do_collect
-    from calib.ingest.capture.runconfig import MOE_SHAPE_KEYS, check_shape
+    from calib.ingest.capture.runconfig import OPTIONAL_SHAPE_KEYS, check_shape
     from calib.ingest.capture.units import parse_kv_ints
 
     if system is not None:
@@ -158,7 +158,9 @@ def collect(
     for opt, v in (("--tp", tp), ("--pp", pp)):
         if v is not None and v < 1:
             raise InputError(opt, f"must be >= 1, got {v}")
-    shape = parse_kv_ints(model, "--model", (*_MODEL_KEYS, "kv", "ffn", *MOE_SHAPE_KEYS)) if model else {}
+    shape = (
+        parse_kv_ints(model, "--model", (*_MODEL_KEYS, "kv", "ffn", *OPTIONAL_SHAPE_KEYS)) if model else {}
+    )
     check_shape(shape, "--model")
     parallel = {k: v for k, v in (("tp", tp), ("pp", pp)) if v is not None}
     report = do_collect(

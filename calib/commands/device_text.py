@@ -51,6 +51,13 @@ def render(dm: DeviceModel) -> list[str]:
             f"kernels, {_v(mt.host_ops_layer, digits='.4g')} host ops, beyond the dense family; grouped expert "
             f"GEMMs x{_v(mt.grouped_gemm_scale, digits='.3f')} the roofline ({mt.bytes_d.note or ', '.join(mt.runs)})"
         )
+    if dm.mla is not None:
+        mt = dm.mla
+        L.append(
+            f"  MLA attention   per layer beyond the dense family: {_v(mt.bytes_d, digits='.4g')} B per token x d, "
+            f"{_v(mt.kernels_layer, digits='.4g')} kernels, {_v(mt.host_ops_layer, digits='.4g')} host ops "
+            f"({mt.bytes_d.note or ', '.join(mt.runs)})"
+        )
     for f in dm.families:
         L.append(
             f"  family {f.key:<20} streamed B per token-layer: {f.bytes_d.value:.4g} x d + {f.bytes_ffn.value:.4g} x ffn; "

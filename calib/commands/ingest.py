@@ -15,14 +15,14 @@ from calib.core.rundir import RunExists, write_run
 from calib.core.schema import KIND_TRACE
 from calib.core.store import check_name, check_new_run, default_store, save_run
 from calib.ingest.budget import budget_from_option
-from calib.ingest.capture.runconfig import MOE_SHAPE_KEYS, check_shape
+from calib.ingest.capture.runconfig import OPTIONAL_SHAPE_KEYS, check_shape
 from calib.ingest.executors import EXECUTORS, ExecutorSpec, parse_jobs
 from calib.ingest.orchestrate import FRAMEWORKS, IngestOptions
 from calib.ingest.orchestrate import ingest as run_ingest
 from calib.ingest.rules import load_rules
 
 _MODEL_KEYS = {"d": int, "l": int, "a": int, "s": int, "V": int, "b": int, "kv": int, "ffn": int, "name": str,
-               **dict.fromkeys(MOE_SHAPE_KEYS, int)}  # fmt: skip
+               **dict.fromkeys(OPTIONAL_SHAPE_KEYS, int)}  # fmt: skip
 
 
 def _parse_model(text: str | None) -> dict:
@@ -40,8 +40,8 @@ def _parse_model(text: str | None) -> dict:
             out[key] = _MODEL_KEYS[key](value.strip())
         except ValueError:
             raise InputError("--model", f"'{key}' must be an integer, got '{value}'") from None
-        if isinstance(out[key], int) and out[key] < (0 if key in MOE_SHAPE_KEYS else 1):
-            what = "non-negative" if key in MOE_SHAPE_KEYS else "positive"
+        if isinstance(out[key], int) and out[key] < (0 if key in OPTIONAL_SHAPE_KEYS else 1):
+            what = "non-negative" if key in OPTIONAL_SHAPE_KEYS else "positive"
             raise InputError("--model", f"'{key}' must be {what}, got {out[key]}")
     check_shape({k: v for k, v in out.items() if k != "name"}, "--model")
     return out
@@ -79,7 +79,8 @@ def _progress(it):
     "--model",
     "model_spec",
     help="Model shape, e.g. d=768,l=12,a=12,s=1024,V=50257,b=8; also kv, ffn and, for MoE, E, topk, effn "
-    "(expert width), shared or shffn (shared experts), dense (leading dense layers).",
+    "(expert width), shared or shffn (shared experts), dense (leading dense layers) and, for multi-head latent "
+    "attention, qr, kvr, rope, nope, vh (compression ranks, rotary and plain head part, value head).",
 )
 @click.option(
     "--rules",

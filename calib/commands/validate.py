@@ -254,9 +254,9 @@ def _validate_runs(system, measured, table, store, as_json, as_csv, out) -> None
         "uses the other runs' leave-one-out errors only"
     ]
     vdf = validate_runs.variant_table(machine, dm)
-    if vdf.empty and (dm.moe is not None or dm.fp8_cast_bytes_per_elem is not None):
+    if vdf.empty and (dm.moe is not None or dm.mla is not None or dm.fp8_cast_bytes_per_elem is not None):
         notes.append(
-            "this calibration predates the FP8 and MoE runs' table: run `calib fit` again to list them"
+            "this calibration predates the FP8, MoE and MLA runs' table: run `calib fit` again to list them"
         )
     if df["measured_mem_gb"].notna().any() and not any(r.get("measured_mem_gb") for r in dm.runs):
         notes.append("the runs recorded no peak memory: the fit used the reference activation bytes "

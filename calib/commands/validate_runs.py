@@ -71,7 +71,7 @@ def _predict_variant(system, dm, row: dict) -> tuple[float, float]:
         name=row["run"], d_model=sh["d"], n_layers=sh["L"], n_heads=sh["a"], seq_len=sh["s"], vocab=sh["V"],
         ffn=sh["ffn"], kv_heads=sh["kv"], mlp=sh["mlp"], tied_embeddings=bool(sh["tied"]),
         n_experts=sh["experts"] if moe else 0, top_k=sh["top_k"] if moe else 0,
-        expert_ffn=sh["ffn"] if moe else None,
+        expert_ffn=(sh.get("expert_ffn") or sh["ffn"]) if moe else None, **_structure(sh, moe),
     )  # fmt: skip
     plan = Plan(micro_batch=sh["b"], global_batch=sh["b"], flash_attention=True, fp8="fp8" in kinds,
                 compiled="compiled" in kinds)  # fmt: skip
@@ -81,21 +81,20 @@ def _predict_variant(system, dm, row: dict) -> tuple[float, float]:
 
 
 def variant_table(system, dm) -> pd.DataFrame:
-    """The FP8 and MoE runs (``dm.variant_runs``): measured, predicted with every term
+    """The FP8, MoE and MLA runs (``dm.variant_runs``): measured, predicted with every term
     (in-sample) and with their variant terms refitted without the run (held out: for the
-    only MoE run, the hand count); errors are predicted / measured - 1."""
+    only MoE run, the hand count; for the only dense MLA run, the dense family's counts);
+    errors are predicted / measured - 1."""
     from dataclasses import replace
 
-    from calib.calibrate.device_model import MoeTerms
+    from calib.calibrate.device_model import MlaTerms, MoeTerms
     from calib.calibrate.params import Param
 
+    kinds = {"moe": MoeTerms, "mla": MlaTerms}
     rows = []
     for r in dm.variant_runs:
         held = r.get("held_out_terms", {})
-        terms = {
-            k: None if v is None else (MoeTerms if k == "moe" else Param).from_json(v)
-            for k, v in held.items()
-        }
+        terms = {k: None if v is None else kinds.get(k, Param).from_json(v) for k, v in held.items()}
         step_in = mem_in = step_out = mem_out = np.nan
         why = ""
         if "moe" in r["variant"].split("+") and not r["shape"]["experts"]:
@@ -123,12 +122,29 @@ def variant_table(system, dm) -> pd.DataFrame:
     return df
 
 
+def _structure(sh: dict, moe: bool) -> dict:
+    """The ModelSpec fields of a variant row's MoE layer structure (shared experts, leading
+    dense layers) and multi-head latent attention, where the capture stated them."""
+    out: dict = {}
+    f_e, shared = sh.get("expert_ffn") or sh["ffn"], sh.get("shared_ffn") or 0
+    if moe and shared and shared % f_e == 0:
+        out["shared_experts"] = shared // f_e
+    if moe and sh.get("dense_layers"):
+        out["dense_layers"] = sh["dense_layers"]
+    m = sh.get("mla")
+    if m:
+        out.update(q_lora_rank=m["qr"] or None, kv_lora_rank=m["kvr"] or None, qk_rope_head_dim=m["rope"] or None,
+                   qk_head_dim=(m["nope"] + m["rope"]) or None, v_head_dim=m["vh"] or None)  # fmt: skip
+    return out
+
+
 def _from(key: str, term) -> str:
     """Where a held-out prediction's variant term came from."""
     what = {
         "fp8_gemm_speedup": "FP8 GEMM speed-up",
         "fp8_cast_bytes_per_elem": "FP8 casts",
         "moe": "MoE routing",
+        "mla": "MLA",
     }
     if term is None:
         return f"{what[key]}: stated default (no other run)"

@@ -55,14 +55,21 @@ _RANK_FILE = re.compile(r"^rank(\d+)\.pt\.trace\.json(\.gz)?$")
 #: topk, expert MLP width effn, shared experts (of width effn) or one shared MLP of total width
 #: shffn, leading dense layers dense (calibrate.device_moe reads them)
 MOE_SHAPE_KEYS = ("E", "topk", "effn", "shared", "shffn", "dense")
+#: multi-head latent attention's shape (DeepSeek-V2/V3): query and key-value compression
+#: ranks qr and kvr, the rotary and the plain part of a query/key head (rope, nope) and the
+#: value head width vh (calibrate.device_mla reads them; 0 or absent: not MLA)
+MLA_SHAPE_KEYS = ("qr", "kvr", "rope", "nope", "vh")
+#: the shape keys that may be 0 (absent structure) beside the sizes d, l, a, s, V, b, kv, ffn
+OPTIONAL_SHAPE_KEYS = (*MOE_SHAPE_KEYS, *MLA_SHAPE_KEYS)
 
 
 def check_shape(shape: dict, where) -> None:
-    """A sidecar's model shape is sizes: d, l, a, s, V, b, kv, ffn positive; the MoE keys
-    non-negative (0: a dense model, experts as wide as ffn, none shared, no dense layers);
+    """A sidecar's model shape is sizes: d, l, a, s, V, b, kv, ffn positive; the MoE and MLA
+    keys non-negative (0: a dense model, experts as wide as ffn, none shared, no dense layers,
+    no latent attention);
     no more experts per token than experts; fewer dense layers than layers."""
     for k, v in shape.items():
-        low = 0 if k in MOE_SHAPE_KEYS else 1
+        low = 0 if k in OPTIONAL_SHAPE_KEYS else 1
         if v < low:
             raise InputError(
                 where, f"model {k} must be a {('positive', 'non-negative')[low == 0]} integer, got {v}"
