@@ -197,5 +197,5 @@ def summary(dm: DeviceModel) -> str:
             text += (f", {sum(inside)}/{len(inside)} inside their 90 % interval "
                      f"(median half-width {np.median(halves):.1%})")  # fmt: skip
     if dm.variant_runs:  # predicted by the analytic device path where the table is shown
-        text += f"; {len(dm.variant_runs)} FP8/MoE run(s) listed beside them, in-sample and held out"
+        text += f"; {len(dm.variant_runs)} FP8/MoE/MLA run(s) listed beside them, in-sample and held out"
     return text + " (per-run table: validation against the system's runs)"

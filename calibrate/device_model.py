@@ -245,7 +245,7 @@ class DeviceModel:
     #: the traced multi-head latent attention's work beyond the dense family (device_mla);
     #: None: an MLA model's layers issue and stream what the dense family's do
     mla: MlaTerms | None = None
-    #: the FP8 and MoE runs the per-run table (``runs``) leaves out: measured values, shape
+    #: the FP8, MoE and MLA runs the per-run table (``runs``) leaves out: measured values, shape
     #: and their variant terms measured without them (device_check.variant_rows); the
     #: analytic device path predicts them when the table is shown
     variant_runs: tuple[Mapping[str, Any], ...] = ()

@@ -123,7 +123,7 @@ def test_validate_runs_holds_each_fp8_run_out_of_its_own_terms(tmp_path):
     both.save(store=store)
     from calib.calibrate.device_check import summary
 
-    assert "2 FP8/MoE run(s) listed beside them" in summary(both.device_model_)
+    assert "2 FP8/MoE/MLA run(s) listed beside them" in summary(both.device_model_)
     doc = json.loads(run("validate", "--runs", "h200-hf", "--store", str(store), "--json").output)
     rows = {r["run"]: r for r in doc["variant_runs"]}
     assert set(rows) == set(FP8) and not set(FP8) & {r["run"] for r in doc["runs"]}

@@ -152,7 +152,7 @@ def test_fit_text_names_the_moe_terms(fitted, tmp_path):
     assert abs(row["insample_err"]) < 0.05 and -0.30 < row["heldout_err"] < -0.20
     assert "MoE routing: stated default (no other run)" in row["heldout_from"]
     text = run("validate", "--runs", "h200-hf", "--store", str(store)).output
-    assert "FP8 and MoE runs" in text and MIXTRAL in text.split("FP8 and MoE runs")[1]
+    assert "FP8, MoE and MLA runs" in text and MIXTRAL in text.split("FP8, MoE and MLA runs")[1]
 
 
 def test_moe_memory_is_the_familys_own_count_on_the_routed_rows(fitted):

@@ -209,7 +209,7 @@ def csv(df: pd.DataFrame, vdf: pd.DataFrame) -> str:
 
 
 def variant_text(df: pd.DataFrame) -> str:
-    """The FP8 and MoE runs' table (:func:`variant_table`) as text."""
+    """The FP8, MoE and MLA runs' table (:func:`variant_table`) as text."""
     if df.empty:
         return ""
     view = pd.DataFrame({
@@ -221,6 +221,6 @@ def variant_text(df: pd.DataFrame) -> str:
     })  # fmt: skip
     src = [f"  {r}: {f}" for r, f in zip(df["run"], df["heldout_from"], strict=True)]
     return "\n".join([
-        "", "FP8 and MoE runs (analytic device path; held out: their variant terms refitted without the run)",
+        "", "FP8, MoE and MLA runs (analytic device path; held out: their variant terms refitted without the run)",
         "", view.to_string(index=False), "", "held-out variant terms measured on:", *src,
     ]) + "\n"  # fmt: skip
