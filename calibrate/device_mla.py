@@ -7,7 +7,7 @@ the element-wise work and the host operators around them: RMSNorms of the two la
 split of each head into a rotary and a plain part, RoPE on the rotary parts, the broadcast
 of the shared rotary key and the concatenations that rebuild full heads.  HF's
 DeepseekV3Attention issues 271 host operators per layer more than HF's LlamaAttention
-(917 against the Llama family's 646 in all three dense MLA runs of fixtures/traces/h200c):
+(270.6-271.1 beyond the Llama family's 646 in all three dense MLA runs of fixtures/traces/h200c):
 a constant of the implementation, which in an eager step bound by its host is most of
 what MLA costs beyond its GEMMs.
 

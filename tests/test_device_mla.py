@@ -75,7 +75,7 @@ def test_the_capture_states_mla_and_ingest_keeps_it(without):
 
 def test_hf_mla_issues_the_same_extra_host_ops_per_layer_at_every_shape(without):
     """HF's DeepseekV3Attention issues 271 host operators per layer more than LlamaAttention,
-    whatever the widths and layer count: 271.0, 271.5 and 271.0 beyond the Llama family on
+    whatever the widths and layer count: 270.6, 271.1 and 270.6 beyond the Llama family on
     the three dense MLA runs (d 1024 / 2048 / 1536, 6 / 4 / 6 layers)."""
     from calib.calibrate.device_mla import excess
 
@@ -83,7 +83,7 @@ def test_hf_mla_issues_the_same_extra_host_ops_per_layer_at_every_shape(without)
     xs = [excess(f[n], model.device_model_) for n in MLA_ALL]
     ops = [x["host_ops_layer"] for x in xs]
     assert max(ops) - min(ops) < 2.0 and 260 < min(ops) < 285
-    assert all(50 < x["kernels_layer"] < 110 for x in xs)  # 79-84 more memory-bound kernels
+    assert all(45 < x["kernels_layer"] < 75 for x in xs)  # 54-63 more memory-bound kernels
 
 
 def test_mla_terms_predict_the_held_out_dense_mla_runs(without, with_mla):
