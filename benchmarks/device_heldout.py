@@ -14,9 +14,10 @@ Splits (written before any prediction; SOURCE.txt there):
   fp8     each eager FP8 run of the second H100 predicted from a fit with the other;
   cross   the H100 fit moved to the H200 and the H200 fit moved to the H100 (twin runs);
   kernels the element-wise and AdamW bench, H200 over H100;
-  mla     stop 32 (fixtures/traces/h200c, h100c): the MLA terms from mla-dense-d1024 alone ->
+  mla     stop 32 (fixtures/traces/h200c, h100c, h200d): the MLA terms from mla-dense-d1024 alone ->
           two more dense MLA shapes and three DeepSeek-V3 runs (with the Mixtral MoE terms),
-          against the same fits without a dense MLA run; each DeepSeek-V3 run's own MoE terms.
+          against the same fits without a dense MLA run; two torch.compile runs; each
+          DeepSeek-V3 run's own MoE terms.
 
 Usage: python benchmarks/device_heldout.py [--section dense moe other moe-from fp8 cross kernels mla]
 """
@@ -148,6 +149,17 @@ def mla_section(h100b_dense) -> None:
             ("mla-dense-d2048",),
             h100c,
         )
+    h200d, h200 = measured("h200d"), measured("h200")
+    compiled = [("h200", n) for n, r in h200.items() if r.get("compiled") and "fp8" not in n]
+    model = fit([*base, *compiled, ("h200c", MLA_DEV)], "h200-hf", "h200")
+    report("mla: H200, torch.compile (fixtures/traces/h200d; eager MLA terms x the compiled family's ratios)", model,
+           ("mla-compiled-d1024", "dsv3-compiled-d1024-e64-top6"), h200d, compiled=True)  # fmt: skip
+    report(
+        "mla: H200, the eager runs on that machine",
+        model,
+        (MLA_DEV, DSV3[0], "llama-d1024-l16-repeat"),
+        h200d,
+    )
     for one in DSV3:
         model = fit([*base[:-1], ("h200c", MLA_DEV), ("h200c", one)], "h200-hf", "h200")  # not Mixtral's
         mt = model.device_model_.moe
