@@ -137,8 +137,9 @@ def variant_rows(dm: DeviceModel, traced: Sequence[RunFacts]) -> tuple[dict, ...
     """The FP8, MoE and MLA runs (``RunFacts.variant``) that the dense per-run table leaves out:
     their measured step and peak memory, their shape, and their variant terms refitted
     without them -- the FP8 GEMM speed-up and cast bytes from the other FP8 runs, the MoE
-    routing terms from the other MoE runs (none: the hand count).  Their predictions need
-    the analytic device path (FP8 casts, routed experts), so the validation that shows the
+    routing terms from the other MoE runs (none: the hand count), the MLA terms from the other
+    dense MLA runs (none: the dense family's counts).  Their predictions need
+    the analytic device path (FP8 casts, routed experts, MLA's projections), so the validation that shows the
     table makes them; the dense terms do not depend on these runs (``dense_runs``), unless
     every traced run is a variant one (the fit's notes then say so)."""
     from dataclasses import asdict, replace
