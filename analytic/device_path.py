@@ -295,10 +295,30 @@ def mla_act_bytes_layer(model, fam: Family, tokens, d, t, sp) -> np.ndarray:
     t_acts = np.where(np.asarray(sp, dtype=bool), t, 1.0)
     full = 4.0 + 4.0 * float(model.shape_extras["kv"]) / float(model.n_heads)
     d = np.asarray(d, dtype=float)
-    count = (kept[0] * d / np.asarray(t, dtype=float) + (kept[1] - full) * d / t_acts) * np.asarray(
-        tokens, dtype=float
-    )
+    # torch.compile's partitioner recomputes element-wise work (the norms' casts) rather than keep it
+    split, repl = hf_mla_kept_extra(model) if not fam.compiled else (0.0, 0.0)
+    count = (
+        kept[0] * d / np.asarray(t, dtype=float) + (kept[1] - full) * d / t_acts
+        + split / np.asarray(t, dtype=float) + repl / t_acts
+    ) * np.asarray(tokens, dtype=float)  # fmt: skip
     return fam.act_scale.value * count
+
+
+def hf_mla_kept_extra(model) -> tuple[float, float]:
+    """Bytes per token HF's DeepseekV3Attention (transformers 5.17, the traced family) keeps
+    for backward beyond analytic.mla's count, read from its code: each latent's RMSNorm
+    keeps its fp32 input and bf16 cast besides its output (4 more bytes per latent value,
+    as the family's own norms, device_model.ACT_COUNT); the rotary key is rotated from a
+    view and saves nothing (-2 r); the value is a view of kv_b's whole output, which sdpa
+    keeps alive (2 a nope more).  (split over TP, replicated); 0 for a model without MLA."""
+    from calib.analytic.mla import MLA_FIELDS, uses_mla
+
+    if not uses_mla(model):
+        return 0.0, 0.0
+    q_r, kv_r, rope = (float(getattr(model, f) or 0) for f in MLA_FIELDS)
+    h_qk = float(model.shape_extras.get("qk_head_dim") or 0) or float(model.d_model) / float(model.n_heads)
+    nope = max(h_qk - rope, 0.0) if kv_r else 0.0
+    return 2.0 * float(model.n_heads) * nope, 4.0 * q_r + (4.0 * kv_r - 2.0 * rope if kv_r else 0.0)
 
 
 def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc, fam):

@@ -33,9 +33,10 @@ context parallelism exchanges the up-projected K and V (:func:`head_widths`, ana
 FP8 casts read each projection's input and gradient output (:func:`linear_io`); the MTP block
 is a ZeRO-3 gathered layer (shape_terms.layer_params_gpu, zero_overlap.mtp_matrices).  The trace-
 fitted device model's activation bytes count the same tensors beyond its full heads (stop 29,
-device_path.mla_act_bytes_layer).  Still full-head: the element-wise traffic
+device_path.mla_act_bytes_layer; plus what HF's implementation keeps beyond this count,
+device_path.hf_mla_kept_extra, stop 32).  Still full-head: the element-wise traffic
 (formulas.vector_traffic_bytes_layer, GPT's shape for every model) and the device model's
-streamed bytes.
+streamed bytes where no dense MLA run was traced (calibrate.device_mla measures them).
 
 **MTP** (report sec. 2.2): each of ``mtp_layers`` depths adds one Transformer block of the
 last layer's kind (MLA + MoE for DeepSeek-V3), a projection M of 2d x d and two RMSNorms; the

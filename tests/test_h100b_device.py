@@ -228,8 +228,9 @@ def test_other_moe_implementations_never_fitted():
     count the models' parameters (611 M, 1,207 M, 834 M; the MLA norms, biases
     and gates apart, within 0.005 %); observed -6.8, +7.0, -5.2 % (stop 28, before the
     shared experts' element-wise work was priced: -7.4, +4.8, -5.5), each inside its
-    interval; peak memory -3.5, +1.8, -3.7 % (-5.5, +1.8, -5.3 before stop 29 counted multi-head
-    latent attention's kept tensors in the device path's memory)."""
+    interval; peak memory -1.6, +1.8, -2.1 % (-3.5, +1.8, -3.7 before stop 32 counted what HF's
+    MLA keeps beyond that count; -5.5, +1.8, -5.3 before stop 29 counted multi-head latent
+    attention's kept tensors in the device path's memory)."""
     from calib.analytic import moe as MOE
 
     model = _fit([(H100B, n) for n in (REPEAT, *NEW_DENSE, MOE_DEV)], "h100-hf", H100)
@@ -241,7 +242,7 @@ def test_other_moe_implementations_never_fitted():
         row = model.predict(spec, gpus=[1], micro_batch=sh["b"], flash_attention=True).table.iloc[0]
         assert abs(row["iter_s"] / meas - 1.0) <= 0.08, (name, row["iter_s"], meas)
         assert row["iter_s_lo"] <= meas <= row["iter_s_hi"], name
-        assert abs(row["mem_total_gb"] / m["peak_mem_gb"] - 1.0) <= 0.04, name
+        assert abs(row["mem_total_gb"] / m["peak_mem_gb"] - 1.0) <= 0.025, name
 
 
 def test_the_held_out_report_prints_the_kernel_ratios(capsys):

@@ -116,8 +116,11 @@ def test_the_device_path_counts_mla_kept_tensors(setup):
     DeepSeek-V3 run of fixtures/traces/h100b (d 1024, 16 heads, q rank 384, kv rank 256, rope 32,
     nope 64, v head 64): q = k = 16 x 96 = 1536, v = o = 1024 -> split 2 x 5120 = 10,240 bytes;
     latents 2 (2 x 384 + 2 x 256 + 32) = 2,624; full heads 8 x 1024 = 8,192: 4,672 bytes per token
-    and layer more, x the fitted family's scale.  At TP 2 with SP both halve: 2,336.  A model without
-    MLA adds nothing."""
+    and layer more.  Stop 32 adds what HF's DeepseekV3Attention keeps beyond that count
+    (device_path.hf_mla_kept_extra, read from its code): the latents' RMSNorm fp32 inputs and
+    bf16 casts 4 (384 + 256) = 2,560, the rotary key kept by nothing -2 x 32 = -64, kv_b's whole
+    output behind the value view 2 x 16 x 64 = 2,048: 9,216 bytes per token and layer, x the
+    fitted family's scale.  At TP 2 with SP all halve: 4,608.  A model without MLA adds nothing."""
     from calib.analytic.device_path import mla_act_bytes_layer
     from calib.analytic.specs import ModelSpec
 
@@ -129,8 +132,8 @@ def test_the_device_path_counts_mla_kept_tensors(setup):
     fam, _ = setup[1].family("swiglu", "bf16", compiled=False)
     k = fam.act_scale.value
     assert 0.5 < k < 2.0
-    assert float(mla_act_bytes_layer(m, fam, 8192, 1024, 1, False)) == pytest.approx(k * 4672 * 8192)
-    assert float(mla_act_bytes_layer(m, fam, 8192, 1024, 2, True)) == pytest.approx(k * 2336 * 8192)
+    assert float(mla_act_bytes_layer(m, fam, 8192, 1024, 1, False)) == pytest.approx(k * 9216 * 8192)
+    assert float(mla_act_bytes_layer(m, fam, 8192, 1024, 2, True)) == pytest.approx(k * 4608 * 8192)
     assert float(mla_act_bytes_layer(load_model("llama3-8b"), fam, 8192, 4096, 1, False)) == 0.0
 
 
