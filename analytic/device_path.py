@@ -119,9 +119,7 @@ def mla_stream_s(dm: DeviceModel, fam: Family, sh: Shape, T, t, sp, passes_fwd) 
     fuse_bytes, fuse_kernels, _ = compile_fusion(dm, fam)
     d_part = np.where(np.asarray(sp, dtype=bool), sh.d / np.asarray(t, dtype=float), sh.d)
     nbytes = max(mt.bytes_d.value, 0.0) * fuse_bytes * np.asarray(T, dtype=float) * d_part
-    kernels = max(mt.kernels_layer.value, 0.0) * fuse_kernels
-    scale = (np.asarray(passes_fwd, dtype=float) + 2.0) / 3.0
-    return scale * (nbytes / (D._bw(dm, fam) * 1e12) + kernels * D._t0(dm, fam))
+    return D.streamed_s(dm, fam, nbytes, max(mt.kernels_layer.value, 0.0) * fuse_kernels, passes_fwd)
 
 
 def compile_fusion(dm: DeviceModel, fam: Family) -> tuple[float, float, float]:
@@ -176,14 +174,7 @@ def moe_routed_s(dm: DeviceModel, fam: Family, routed, d, f_e, mats, passes_fwd,
     fuse_bytes, fuse_kernels, _ = compile_fusion(dm, fam) if mt is not None else (1.0, 1.0, 1.0)
     per_row = np.maximum(per_row, 0.0) * fuse_bytes
     kernels = max(mt.kernels_layer.value, 0.0) * fuse_kernels if mt is not None else 0.0
-    stream = (
-        (np.asarray(passes_fwd, dtype=float) + 2.0)
-        / 3.0
-        * (
-            (R * per_row + fam.bytes_ffn.value * shared_tw) / (D._bw(dm, fam) * 1e12)
-            + kernels * D._t0(dm, fam)
-        )
-    )
+    stream = D.streamed_s(dm, fam, R * per_row + fam.bytes_ffn.value * shared_tw, kernels, passes_fwd)
     return gemm + stream
 
 

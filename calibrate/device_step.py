@@ -136,8 +136,15 @@ def stream_layer_s(dm: DeviceModel, fam: Family, T, d, ffn, t, sp, passes_fwd=1.
     T, d, ffn, t = _f(T), _f(d), _f(ffn), _f(t)
     d_part = np.where(np.asarray(sp, dtype=bool), d / t, d)  # norms/residuals replicate without SP
     nbytes = T * (fam.bytes_d.value * d_part + fam.bytes_ffn.value * ffn / t)
-    scale = (passes_fwd + 2.0) / 3.0  # forward is about a third of the element-wise work
-    return scale * (nbytes / (_bw(dm, fam) * 1e12) + fam.kernels_layer.value * _t0(dm, fam))
+    return streamed_s(dm, fam, nbytes, fam.kernels_layer.value, passes_fwd)
+
+
+def streamed_s(dm: DeviceModel, fam: Family, nbytes, kernels, passes_fwd=1.0) -> np.ndarray:
+    """Seconds of memory-bound work measured on a training step (``nbytes`` at the family's
+    bandwidth plus ``kernels`` fixed costs) when the forward runs ``passes_fwd`` times:
+    forward is about a third of the element-wise work."""
+    scale = (_f(passes_fwd) + 2.0) / 3.0
+    return scale * (_f(nbytes) / (_bw(dm, fam) * 1e12) + _f(kernels) * _t0(dm, fam))
 
 
 def _kind_bw(dm: DeviceModel, fam: Family, kind: Param | None) -> float:
