@@ -32,7 +32,8 @@ from dataclasses import replace
 
 from calib.calibrate import device_step as D
 from calib.calibrate.device_facts import RunFacts
-from calib.calibrate.device_model import DeviceModel, MlaTerms
+from calib.calibrate.device_model import DeviceModel, Family, MlaTerms
+from calib.calibrate.params import Param
 
 #: the variant tag (device_facts.variant) of an eager dense MLA run
 MLA = "mla"
@@ -43,18 +44,42 @@ def mla_runs(runs: Sequence[RunFacts]) -> list[RunFacts]:
     return [f for f in runs if f.variant == MLA and f.busy_s > 0]
 
 
-def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
-    """One dense MLA run's streamed bytes, kernels and host operators beyond its dense
-    family, per token-layer and unit of d, or per layer."""
+def beyond_dense(f: RunFacts, dm: DeviceModel) -> tuple[Family, float, float, float]:
+    """Run ``f``'s eager dense family, its width-less kernels' bytes (converted at the
+    family's bandwidth, as ``device_fit.fit_families`` counts them), and the memory-bound
+    kernels and host operators it ran beyond the family's L layers and step: what a variant's
+    terms (this module's, device_moe's) are measured from."""
     from calib.calibrate.device_fit import unsized_bytes
 
     fam, _ = dm.family(f.mlp, f.weights, compiled=False)
     gr = f.groups
     unsized = unsized_bytes(gr, D._bw(dm, fam), D._t0(dm, fam))
-    dense = (fam.bytes_d.value * f.d + fam.bytes_ffn.value * f.ffn) * f.T * f.L
-    layer_bytes = gr.loc["d", "bytes"] + gr.loc["ffn", "bytes"] + unsized
     kernels = float(gr["kernels"].sum()) - fam.kernels_layer.value * f.L - fam.kernels_step.value
     host = f.host_ops - fam.host_ops_layer.value * f.L - fam.host_ops_step.value
+    return fam, unsized, kernels, host
+
+
+def mean_terms(
+    xs: Sequence[dict[str, float]], units: dict[str, str], what: dict[str, str]
+) -> dict[str, Param]:
+    """Each key of ``units``: the mean over runs ``xs`` with its spread (device_fit._mean_param),
+    its note saying what it is (``what``)."""
+    from calib.calibrate.device_fit import _mean_param
+
+    out = {}
+    for key, unit in units.items():
+        p = _mean_param([x[key] for x in xs], unit)
+        out[key] = replace(p, note=f"{what[key]}; {p.note}" if p.note else what[key])
+    return out
+
+
+def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
+    """One dense MLA run's streamed bytes, kernels and host operators beyond its dense
+    family, per token-layer and unit of d, or per layer."""
+    fam, unsized, kernels, host = beyond_dense(f, dm)
+    gr = f.groups
+    dense = (fam.bytes_d.value * f.d + fam.bytes_ffn.value * f.ffn) * f.T * f.L
+    layer_bytes = gr.loc["d", "bytes"] + gr.loc["ffn", "bytes"] + unsized
     return {
         "bytes_d": (layer_bytes - dense) / (f.T * f.d * f.L),
         "kernels_layer": kernels / f.L,
@@ -65,20 +90,12 @@ def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
 def fit_mla(runs: Sequence[RunFacts], dm: DeviceModel) -> MlaTerms | None:
     """The MLA terms (module docstring) from the dense ``mla`` runs among ``runs``, measured
     against ``dm`` (the eager dense model); None when there are none."""
-    from calib.calibrate.device_fit import _mean_param
-
     mr = mla_runs(runs)
     if not mr:
         return None
-    xs = [excess(f, dm) for f in mr]
-    names = ", ".join(f.name for f in mr)
-
-    def mean(key: str):
-        p = _mean_param([x[key] for x in xs], _UNITS[key])
-        what = f"beyond the dense family, measured on {names}"
-        return replace(p, note=f"{what}; {p.note}" if p.note else what)
-
-    return MlaTerms(**{k: mean(k) for k in _UNITS}, runs=tuple(f.name for f in mr))
+    what = f"beyond the dense family, measured on {', '.join(f.name for f in mr)}"
+    terms = mean_terms([excess(f, dm) for f in mr], _UNITS, dict.fromkeys(_UNITS, what))
+    return MlaTerms(**terms, runs=tuple(f.name for f in mr))
 
 
 def layer_share(dm: DeviceModel, f: RunFacts) -> dict[str, float]:

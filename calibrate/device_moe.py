@@ -33,13 +33,10 @@ mixes two changes).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
-from calib.calibrate import device_step as D
 from calib.calibrate.device_facts import RunFacts, group_of
 from calib.calibrate.device_model import DeviceModel, MoeTerms
-from calib.calibrate.params import Param
 
 #: the variant tags (device_facts.variant) of an eager MoE run, and of one with multi-head
 #: latent attention (DeepSeek-V3; its MLA share is taken out where MLA terms were measured)
@@ -56,13 +53,10 @@ def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
     experts are dense MLPs (of width ffn and ``shared_ffn``): the family's ffn bytes on them
     are subtracted before the routed rows' share is taken; so is the MLA terms' share of an
     MLA run (device_mla.layer_share)."""
-    from calib.calibrate.device_fit import unsized_bytes
-    from calib.calibrate.device_mla import layer_share
+    from calib.calibrate.device_mla import beyond_dense, layer_share
 
-    fam, _ = dm.family(f.mlp, f.weights, compiled=False)
+    fam, unsized, kernels, host = beyond_dense(f, dm)
     gr = f.groups
-    bw, t0 = D._bw(dm, fam), D._t0(dm, fam)
-    unsized = unsized_bytes(gr, bw, t0)  # as the dense families count them
     L_moe = max(f.L - f.dense_layers, 1)
     f_e = f.expert_ffn or f.ffn
     routed = float(f.T * f.top_k)
@@ -72,10 +66,7 @@ def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
     mla = layer_share(dm, f)
     dense_d = fam.bytes_d.value * f.d * f.T * f.L + (0.0 if sh_ffn else shared) + mla["bytes"]
     dense_ffn = fam.bytes_ffn.value * f.T * f.ffn * f.dense_layers + (shared if sh_ffn else 0.0)
-    kernels = (
-        float(gr["kernels"].sum()) - fam.kernels_layer.value * f.L - fam.kernels_step.value - mla["kernels"]
-    )
-    host = f.host_ops - fam.host_ops_layer.value * f.L - fam.host_ops_step.value - mla["host_ops"]
+    kernels, host = kernels - mla["kernels"], host - mla["host_ops"]
     g = f.gemms[f.gemms["grouped"].astype(bool)]
     roof = float((dm.gemm.time_s(g["m"], g["n"], g["k"], g["batch"]) * g["count"]).sum())
     ffn_bytes = gr.loc["ffn", "bytes"] + (gr.loc["expert", "bytes"] if "expert" in gr.index else 0.0)
@@ -109,7 +100,7 @@ def structure(f: RunFacts) -> str:
 def fit_moe(runs: Sequence[RunFacts], dm: DeviceModel) -> MoeTerms | None:
     """The MoE terms (module docstring) from the ``moe`` runs among ``runs``, measured against
     ``dm`` (the eager dense model); None when there are none."""
-    from calib.calibrate.device_fit import _mean_param
+    from calib.calibrate.device_mla import mean_terms
 
     mr = moe_runs(runs)
     if not mr:
@@ -118,15 +109,10 @@ def fit_moe(runs: Sequence[RunFacts], dm: DeviceModel) -> MoeTerms | None:
     names = ", ".join(f"{f.name} ({structure(f)})" for f in mr)
     units = {"bytes_d": "B", "bytes_ffn": "B", "kernels_layer": "kernels", "host_ops_layer": "ops",
              "grouped_gemm_scale": ""}  # fmt: skip
-
-    def mean(key: str) -> Param:
-        p = _mean_param([x[key] for x in xs], units[key])
-        what = "traced time over the roofline's" if key == "grouped_gemm_scale" else "beyond the dense family"
-        what = f"{what}, measured on {names}"
-        return replace(p, note=f"{what}; {p.note}" if p.note else what)
-
     # an implementation without grouped GEMMs (experts looped over with plain matmuls) has
     # no grouped kernel to measure: the roofline stands for its expert GEMMs
-    grouped = any(np.isfinite(x["grouped_gemm_scale"]) for x in xs)
-    terms = {k: mean(k) for k in units if k != "grouped_gemm_scale" or grouped}
-    return MoeTerms(**terms, runs=tuple(f.name for f in mr))
+    if not any(np.isfinite(x["grouped_gemm_scale"]) for x in xs):
+        del units["grouped_gemm_scale"]
+    what = {k: f"beyond the dense family, measured on {names}" for k in units}
+    what["grouped_gemm_scale"] = f"traced time over the roofline's, measured on {names}"
+    return MoeTerms(**mean_terms(xs, units, what), runs=tuple(f.name for f in mr))
