@@ -142,10 +142,11 @@ def compile_fusion(dm: DeviceModel, fam: Family) -> tuple[float, float, float]:
     )
 
 
-def moe_routed_s(dm: DeviceModel, fam: Family, routed, d, f_e, mats, passes_fwd, scale=1.0, shared_tw=0.0) -> np.ndarray:  # fmt: skip
+def moe_routed_s(dm: DeviceModel, fam: Family, routed, d, f_e, mats, passes_fwd, scale=1.0, shared_tw=0.0, experts=1.0) -> np.ndarray:  # fmt: skip
     """Seconds of one MoE layer's routed experts per micro-batch: the expert GEMMs on the
-    fitted roofline (a grouped GEMM over the ``routed`` rows as one GEMM of them, times the
-    traced grouped kernels' measured slowdown where an MoE run was traced),
+    fitted roofline (one GEMM of the ``routed`` rows, times the grouping factor of its
+    ``experts`` groups, calibrate.grouped_gemm, times the traced grouped kernels' measured
+    slowdown beyond that where an MoE run was traced),
     and the routing work at the family's bandwidth -- the traced implementation's
     (``dm.moe``, calibrate.device_moe) or, untraced, the hand count (analytic.moe: eight
     2-byte passes over the routed rows of width d) plus the dense family's ffn bytes on the
@@ -153,15 +154,19 @@ def moe_routed_s(dm: DeviceModel, fam: Family, routed, d, f_e, mats, passes_fwd,
     experts, dense MLPs whose element-wise work streams the family's ffn bytes (their GEMMs
     are analytic.modern.moe_layer_s's)."""
     from calib.analytic.moe import DISPATCH_PASSES
+    from calib.calibrate.grouped_gemm import grouping_factor
 
     R, d, f_e = (np.asarray(x, dtype=float) for x in (routed, d, f_e))
     lin = [(d, f_e)] * (int(mats) - 1) + [(f_e, d)]  # gate (and up), down
+    mt = dm.moe
+    law = mt is None or mt.grouping_law  # a calibration from before the law holds it in its scale
     g = dm.gemm
+    peak = dm.peak_tflops * np.asarray(scale, dtype=float)
     gemm = sum(
-        passes_fwd * g.time_s(R, o, i, scale=scale) + g.time_s(R, i, o, scale=scale) + g.time_s(o, i, R, scale=scale)
+        (passes_fwd * g.time_s(R, o, i, scale=scale) + g.time_s(R, i, o, scale=scale) + g.time_s(o, i, R, scale=scale))
+        * (grouping_factor(experts, R, i, o, peak, dm.hbm_tbps) if law else 1.0)
         for i, o in lin
     )  # fmt: skip
-    mt = dm.moe
     if mt is not None and mt.grouped_gemm_scale is not None:  # the traced grouped kernels' speed
         gemm = gemm * mt.grouped_gemm_scale.value
     per_row = (
@@ -186,7 +191,8 @@ def moe_device_s(
     dm = system.device_model
     fam, _ = dm.family(str(model.shape_extras["mlp"]))
     r8 = np.where(st.fp8, fp8_speedup(dm, system.hw), 1.0)
-    routed_s = moe_routed_s(dm, fam, routed, d, f_e, mats, passes_fwd, r8, shared_tw)
+    local = float(model.n_experts) / np.asarray(st.ep, dtype=float)  # the GPU's experts, one group each
+    routed_s = moe_routed_s(dm, fam, routed, d, f_e, mats, passes_fwd, r8, shared_tw, local)
     return routed_s + cast_bytes / (D._bw(dm, fam) * 1e12)
 
 

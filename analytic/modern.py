@@ -417,6 +417,12 @@ def stack_notes(model, plan, system=None) -> list[str]:
         note = params_note(model, *MOE.total_and_active_params(model))  # MTP module apart (analytic.mla)
         out.append(f"{note}; {MOE.router_note(model)}")
         dm = system.device_model if system is not None else None
+        if dm is not None and (dm.moe is None or dm.moe.grouping_law):
+            out.append(
+                "MoE expert GEMMs: one GEMM of the routed rows on the fitted roofline x the grouping law "
+                "(calibrate.grouped_gemm: each expert reads its own weights, its rows padded to 128-row tiles; "
+                "constants fitted on 1,940 grouped_mm kernels of an H100)"
+            )
         if dm is not None and dm.moe is not None:
             out.append(f"MoE routing: the traced implementation's, measured on {', '.join(dm.moe.runs)}")
         elif dm is not None:  # the hand count on a fitted device: say how far it was from HF's experts

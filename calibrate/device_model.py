@@ -168,6 +168,9 @@ class MoeTerms:
     runs: tuple[str, ...] = ()
     #: traced grouped expert GEMMs' time over the roofline of the same shapes (None: 1)
     grouped_gemm_scale: Param | None = None
+    #: the scale is measured beyond the grouping law (calibrate.grouped_gemm; from stop 33);
+    #: False in calibrations fitted before it, whose scale holds the grouping itself
+    grouping_law: bool = False
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> MoeTerms:

@@ -20,8 +20,8 @@ its MLP kind and precision:
 * ``kernels_layer``, ``host_ops_layer``: memory-bound kernels and host operators per MoE
   layer (the capture's ``dense`` leading layers do not route) beyond the dense family's;
 * ``grouped_gemm_scale``: the traced grouped expert GEMMs' time over the dense roofline's
-  for the same shapes (per-expert tiles and tails: a grouped GEMM is not one GEMM of its
-  rows).
+  for the same shapes times their grouping factor (calibrate.grouped_gemm: every expert's
+  weights read, its rows padded to a tile): what the traced kernels lose beyond the law.
 
 Each is the mean over the MoE runs (one run: no spread, said in its note).  A system
 without MoE runs keeps the hand count (analytic.moe: eight passes of 2 bytes over the
@@ -68,7 +68,9 @@ def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
     dense_ffn = fam.bytes_ffn.value * f.T * f.ffn * f.dense_layers + (shared if sh_ffn else 0.0)
     kernels, host = kernels - mla["kernels"], host - mla["host_ops"]
     g = f.gemms[f.gemms["grouped"].astype(bool)]
-    roof = float((dm.gemm.time_s(g["m"], g["n"], g["k"], g["batch"]) * g["count"]).sum())
+    roof = float(
+        (dm.gemm.time_s(g["m"], g["n"], g["k"], g["batch"]) * g["count"] * traced_grouping(g, f, dm)).sum()
+    )
     ffn_bytes = gr.loc["ffn", "bytes"] + (gr.loc["expert", "bytes"] if "expert" in gr.index else 0.0)
     return {
         "grouped_gemm_scale": float((g["dur_s"] * g["count"]).sum()) / roof if roof > 0 else float("nan"),
@@ -77,6 +79,23 @@ def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
         "kernels_layer": kernels / L_moe,
         "host_ops_layer": host / L_moe,
     }
+
+
+def traced_grouping(g, f: RunFacts, dm: DeviceModel) -> np.ndarray:
+    """The grouping factor (calibrate.grouped_gemm) of each traced grouped GEMM: its routed
+    rows are the dimension equal to the run's T x top-k, the other two are the experts' K and N
+    (the law is symmetric in them); 1 where the capture did not state E or no dimension is
+    the routed rows."""
+    from calib.calibrate.grouped_gemm import grouping_factor
+
+    dims = g[["m", "n", "k"]].to_numpy(dtype=float)
+    routed = float(f.T * f.top_k)
+    hit = dims == routed
+    first = hit.argmax(axis=1)
+    a = np.where(first == 0, dims[:, 1], dims[:, 0])
+    b = np.where(first == 2, dims[:, 1], dims[:, 2])
+    experts = np.where(hit.any(axis=1), float(f.experts), 1.0)
+    return grouping_factor(experts, routed, a, b, dm.peak_tflops, dm.hbm_tbps)
 
 
 def shared_group(f: RunFacts) -> str | None:
@@ -114,5 +133,7 @@ def fit_moe(runs: Sequence[RunFacts], dm: DeviceModel) -> MoeTerms | None:
     if not any(np.isfinite(x["grouped_gemm_scale"]) for x in xs):
         del units["grouped_gemm_scale"]
     what = {k: f"beyond the dense family, measured on {names}" for k in units}
-    what["grouped_gemm_scale"] = f"traced time over the roofline's, measured on {names}"
-    return MoeTerms(**mean_terms(xs, units, what), runs=tuple(f.name for f in mr))
+    what["grouped_gemm_scale"] = (
+        f"traced time over the roofline's times the grouping law's, measured on {names}"
+    )
+    return MoeTerms(**mean_terms(xs, units, what), runs=tuple(f.name for f in mr), grouping_law=True)

@@ -62,6 +62,7 @@ def test_the_terms_are_the_runs_own_excess_over_the_dense_family(fitted):
     roofline of the same shapes, recomputed here from the raw GEMM table."""
     from calib.analytic.moe import DISPATCH_PASSES
     from calib.calibrate.device_facts import _top_k
+    from calib.calibrate.device_moe import traced_grouping
 
     store, model = fitted
     dm = model.device_model_
@@ -77,10 +78,15 @@ def test_the_terms_are_the_runs_own_excess_over_the_dense_family(fitted):
     assert 24.0 < mt.bytes_ffn.value < 28.0 and mt.bytes_ffn.value > fam.bytes_ffn.value
     assert 95.0 < mt.bytes_d.value < 110.0 and mt.bytes_d.value > 6 * DISPATCH_PASSES * 2.0
     grouped = g[g["op"] == "aten::_grouped_mm"]
-    roof = dm.gemm.time_s(grouped["m"], grouped["n"], grouped["k"], grouped["batch"]).sum()
-    ratio = grouped["dur_s"].sum() / roof
-    assert mt.grouped_gemm_scale.value == pytest.approx(ratio, rel=0.05)  # medians per shape vs every op
-    assert 1.2 < mt.grouped_gemm_scale.value < 1.35
+    roof = dm.gemm.time_s(grouped["m"], grouped["n"], grouped["k"], grouped["batch"])
+    ratio = grouped["dur_s"].sum() / roof.sum()  # over one GEMM of the rows: 1.30
+    assert 1.25 < ratio < 1.35
+    # beyond the grouping law (calibrate.grouped_gemm; stop 33): 8 experts of 2,048 rows lose
+    # little to it (every expert's weights, half a tile of rows each), so 1.25 is left
+    law = (roof * traced_grouping(grouped, f, dm)).sum()
+    assert mt.grouping_law
+    assert mt.grouped_gemm_scale.value == pytest.approx(grouped["dur_s"].sum() / law, rel=0.05)  # medians per shape vs every op
+    assert 1.2 < mt.grouped_gemm_scale.value < 1.3 and mt.grouped_gemm_scale.value < ratio
     assert mt.bytes_d.stderr is None and "one run" in mt.bytes_d.note  # no spread from one run
 
 

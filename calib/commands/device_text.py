@@ -49,7 +49,9 @@ def render(dm: DeviceModel) -> list[str]:
             f"  MoE routing     per routed token (token x top-k): {_v(mt.bytes_d, digits='.4g')} B x d + "
             f"{_v(mt.bytes_ffn, digits='.4g')} B x expert ffn; per MoE layer {_v(mt.kernels_layer, digits='.4g')} "
             f"kernels, {_v(mt.host_ops_layer, digits='.4g')} host ops, beyond the dense family; grouped expert "
-            f"GEMMs x{_v(mt.grouped_gemm_scale, digits='.3f')} the roofline ({mt.bytes_d.note or ', '.join(mt.runs)})"
+            f"GEMMs x{_v(mt.grouped_gemm_scale, digits='.3f')} the roofline"
+            f"{' x the grouping law (every expert reads its weights, rows padded to a tile)' if mt.grouping_law else ''}"
+            f" ({mt.bytes_d.note or ', '.join(mt.runs)})"
         )
     if dm.mla is not None:
         mt = dm.mla
