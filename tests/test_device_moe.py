@@ -85,7 +85,9 @@ def test_the_terms_are_the_runs_own_excess_over_the_dense_family(fitted):
     # little to it (every expert's weights, half a tile of rows each), so 1.25 is left
     law = (roof * traced_grouping(grouped, f, dm)).sum()
     assert mt.grouping_law
-    assert mt.grouped_gemm_scale.value == pytest.approx(grouped["dur_s"].sum() / law, rel=0.05)  # medians per shape vs every op
+    assert mt.grouped_gemm_scale.value == pytest.approx(
+        grouped["dur_s"].sum() / law, rel=0.05
+    )  # medians per shape vs every op
     assert 1.2 < mt.grouped_gemm_scale.value < 1.3 and mt.grouped_gemm_scale.value < ratio
     assert mt.bytes_d.stderr is None and "one run" in mt.bytes_d.note  # no spread from one run
 
@@ -251,3 +253,26 @@ def test_validate_runs_names_an_moe_run_it_cannot_predict(fitted, tmp_path):
     (row,) = [r for r in json.loads(res.output)["variant_runs"] if r["run"] == MIXTRAL]
     assert row["insample_ms"] is None and row["measured_ms"] > 0
     assert row["heldout_from"] == "not predicted: the capture did not state the number of experts"
+
+
+def test_a_calibration_from_before_the_grouping_law_keeps_its_scale(fitted, tmp_path):
+    """A calibration saved before stop 33 measured its grouped scale over the one-GEMM
+    roofline, so the grouping law (calibrate.grouped_gemm) must not be applied on top of it:
+    its file has no ``grouping_law``, which loads as false, and the experts' count then does
+    not change the layer's time; a current fit applies the law (8 groups of 2,048 rows: a
+    little slower than one GEMM of 16,384)."""
+    from calib.analytic.device_path import moe_routed_s
+
+    _, model = fitted
+    d = json.loads(Path(model.save(tmp_path / "h200.calib.json")).read_text())
+    assert d["device_model"]["moe"].pop("grouping_law") is True
+    old = tmp_path / "old.calib.json"
+    old.write_text(json.dumps(d))
+    dm_old, dm_new = SystemModel.load(old).device_model_, model.device_model_
+    assert dm_old.moe.grouping_law is False
+    fam, _ = dm_new.family("swiglu", "bf16", compiled=False)
+    args = (16384.0, 1024.0, 1792.0, 3.0, 1.0)
+    old8, old1 = (float(moe_routed_s(dm_old, fam, *args, experts=e)) for e in (8.0, 1.0))
+    new8, new1 = (float(moe_routed_s(dm_new, fam, *args, experts=e)) for e in (8.0, 1.0))
+    assert old8 == old1
+    assert 1.0 < new8 / new1 < 1.1

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from calib.calibrate import grouped_gemm as GG
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -65,7 +64,10 @@ def test_the_factor_by_hand():
     c = 2 * 96 * 1024 * 768 / (0.6983 * 989e12)
     b = 2 * (32 * 1024 + 1024 * 768 + 32 * 768) / (0.7989 * 3.35e12)
     p = 2.3077
-    one_c, one_b = 2 * 8192 * 1024 * 768 / (0.6983 * 989e12), 2 * (8192 * 1024 + 1024 * 768 + 8192 * 768) / (0.7989 * 3.35e12)
+    one_c, one_b = (
+        2 * 8192 * 1024 * 768 / (0.6983 * 989e12),
+        2 * (8192 * 1024 + 1024 * 768 + 8192 * 768) / (0.7989 * 3.35e12),
+    )
     want = 256 * (c**p + b**p) ** (1 / p) / (one_c**p + one_b**p) ** (1 / p)
     assert want == pytest.approx(7.924, abs=0.001)
     assert float(GG.grouping_factor(256, 8192, 1024, 768, 989.0, 3.35)) == pytest.approx(want, rel=1e-4)
