@@ -9,6 +9,9 @@ Split (written before the kernels were timed; /fixtures/kernels/h100-grouped/SOU
              of the same shapes ("one GEMM of the rows"), and over the roofline times the law.
              A law that carries the shapes leaves a ratio that varies less from run to run.
 
+  held out   the same kernels timed on an H200 (fixtures/kernels/h200-grouped), with the H100's
+             constants and the H200's datasheet; only the bare call's launch (a host cost) refitted.
+
 Usage: python benchmarks/grouped_gemm_law.py
 """
 
@@ -104,6 +107,45 @@ def held_out() -> None:
               f"range {np.exp(x.min()):.3f}-{np.exp(x.max()):.3f} over {len(rows)} runs")  # fmt: skip
 
 
+def on_h200() -> None:
+    """Held out: the H100's constants on the same kernels timed on an H200, the launch refitted."""
+    from scipy.optimize import least_squares
+
+    hw = load_hardware("h200")
+    g = pd.read_csv(ROOT / "kernels" / "h200-grouped" / "grouped.csv")
+    even = (g["split"] == "even").to_numpy()
+    t = g["grouped_s"].to_numpy(dtype=float)
+    print(
+        f"\nheld out: the H100's law on {len(g)} kernels timed on an H200 ({hw.peak_tflops:g} TFLOP/s, {hw.hbm_tbps:g} TB/s)"
+    )
+    for label, hbm in (
+        ("the H200's datasheet HBM", hw.hbm_tbps),
+        ("the H100's HBM instead", load_hardware("h100").hbm_tbps),
+    ):
+        law = GG.group_time_s(g["experts"], g["routed_rows"], g["k"], g["n"], hw.peak_tflops, hbm, even=even)
+        fit = least_squares(
+            lambda x, law=law: np.log((x[0] * 1e-6 + law) / t), [40.0], bounds=([0.0], [200.0])
+        )
+        print(f"  {label:26s}: rms log error {np.sqrt(np.mean(fit.fun**2)):.3f} (launch {fit.x[0]:.1f} us)")
+    print(
+        f"  torch.mm on the same total shape: rms log error {np.sqrt(np.mean(np.log(g['dense_s'] / t) ** 2)):.3f}"
+    )
+    h100 = pd.read_csv(ROOT / "kernels" / "h100-grouped" / "grouped.csv")
+    both = h100.merge(
+        g, on=["d", "f_e", "proj", "kind", "experts", "routed_rows", "split"], suffixes=("_100", "_200")
+    )
+    gain = (
+        (both["grouped_s_100"] / both["grouped_s_200"])
+        .groupby(both["routed_rows"] / both["experts"])
+        .median()
+    )
+    print(
+        "  H100 time over H200 time, median by rows per expert: "
+        + ", ".join(f"{int(m)}: {r:.2f}" for m, r in gain.items())
+    )
+
+
 if __name__ == "__main__":
     refit(kernels())
     held_out()
+    on_h200()

@@ -43,18 +43,21 @@ SMOOTH_P = Param(2.3077, 0.1478, "", note=_SRC)
 TILE_ROWS = 128
 
 
-def group_time_s(experts: ArrayLike, rows: ArrayLike, k: ArrayLike, n: ArrayLike, peak_tflops: float,
-                 hbm_tbps: float, pad: bool = True, fractions: tuple[float, float, float] | None = None) -> np.ndarray:  # fmt: skip
+def group_time_s(experts: ArrayLike, rows: ArrayLike, k: ArrayLike, n: ArrayLike, peak_tflops: ArrayLike,
+                 hbm_tbps: ArrayLike, pad: bool = True, fractions: tuple[float, float, float] | None = None,
+                 even: ArrayLike = False) -> np.ndarray:  # fmt: skip
     """Seconds of ``experts`` GEMMs of ``rows / experts`` rows x k x n by the law (no fixed
-    launch cost).  ``pad``: rows padded by half a tile per group (uneven routing);
+    launch cost).  ``pad``: each group's rows padded for the compute, by half a tile (uneven
+    routing) or, where ``even``, up to whole tiles (equal splits of a microbenchmark);
     ``fractions``: (compute, stream, p), else the module's constants."""
     cf, sf, p = fractions or (COMPUTE_FRACTION.value, STREAM_FRACTION.value, SMOOTH_P.value)
     E = np.maximum(np.asarray(experts, dtype=float), 1.0)
     R, k, n = (np.asarray(x, dtype=float) for x in (rows, k, n))
     me = R / E
-    mp = me + TILE_ROWS / 2.0 if pad else me
-    c = 2.0 * mp * k * n / (cf * peak_tflops * 1e12)
-    b = 2.0 * (me * k + k * n + me * n) / (sf * hbm_tbps * 1e12)
+    whole = np.ceil(me / TILE_ROWS) * TILE_ROWS
+    mp = np.where(np.asarray(even, dtype=bool), whole, me + TILE_ROWS / 2.0) if pad else me
+    c = 2.0 * mp * k * n / (cf * np.asarray(peak_tflops, dtype=float) * 1e12)
+    b = 2.0 * (me * k + k * n + me * n) / (sf * np.asarray(hbm_tbps, dtype=float) * 1e12)
     return E * (c**p + b**p) ** (1.0 / p)
 
 
@@ -79,19 +82,14 @@ def fit_law(kernels, starts=((0.5, 1.5), (0.5, 4.0), (0.8, 2.5), (0.8, 8.0))) ->
     from scipy.optimize import least_squares
 
     df = kernels[np.isfinite(kernels["grouped_s"].to_numpy(dtype=float))]
-    E, R = df["experts"].to_numpy(dtype=float), df["routed_rows"].to_numpy(dtype=float)
-    k, n = df["k"].to_numpy(dtype=float), df["n"].to_numpy(dtype=float)
-    peak, hbm = df["peak_tflops"].to_numpy(dtype=float), df["hbm_tbps"].to_numpy(dtype=float)
+    cols = [
+        df[c].to_numpy(dtype=float) for c in ("experts", "routed_rows", "k", "n", "peak_tflops", "hbm_tbps")
+    ]
     even = df["split"].to_numpy() == "even"
-    me = R / E
-    mp = np.where(even, np.ceil(me / TILE_ROWS) * TILE_ROWS, me + TILE_ROWS / 2.0)
     t = df["grouped_s"].to_numpy(dtype=float)
 
     def resid(x):
-        cf, sf, p, launch_us = x
-        c = 2.0 * mp * k * n / (cf * peak * 1e12)
-        b = 2.0 * (me * k + k * n + me * n) / (sf * hbm * 1e12)
-        return np.log((launch_us * 1e-6 + E * (c**p + b**p) ** (1.0 / p)) / t)
+        return np.log((x[3] * 1e-6 + group_time_s(*cols, fractions=tuple(x[:3]), even=even)) / t)
 
     lo, hi = [0.1, 0.1, 1.0, 0.0], [1.0, 1.5, 30.0, 200.0]
     fits = [

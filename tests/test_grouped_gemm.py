@@ -47,8 +47,8 @@ def test_the_shipped_constants_are_the_kernels_fit(kernels):
     law = fit["launch_s"].value + GG.group_time_s(
         k["experts"], k["routed_rows"], k["k"], k["n"], H100_PEAK_TFLOPS, H100_HBM_TBPS,
         fractions=(fit["compute_fraction"].value, fit["stream_fraction"].value, fit["smooth_p"].value),
+        even=(k["split"] == "even").to_numpy(),
     )  # fmt: skip
-    # the fit pads even splits to whole tiles; the shipped law pads half a tile (uneven routing)
     rms_law = float(np.sqrt(np.mean(np.log(law / k["grouped_s"]) ** 2)))
     rms_one = float(np.sqrt(np.mean(np.log(k["dense_s"] / k["grouped_s"]) ** 2)))
     assert rms_law < 0.2 and rms_law < 0.2 * rms_one, (rms_law, rms_one)
@@ -119,3 +119,29 @@ def test_held_out_traced_runs_vary_less_over_the_law(tmp_path):
     assert law.std(ddof=1) < 0.8 * one.std(ddof=1), (one.std(ddof=1), law.std(ddof=1))
     assert np.all(law < one)  # the law never makes a grouped GEMM faster than one GEMM of its rows
     assert np.exp(law).max() < 1.5 and np.exp(one).max() > 1.6
+
+
+def test_the_h100_law_on_h200_kernels():
+    """Held out: the same 1,944 kernels timed on an H200 (fixtures/kernels/h200-grouped), with
+    the H100's constants and the H200's datasheet (4.8 TB/s), only the bare call's launch
+    refitted (a host cost: 37 us there, 41 here).  rms log error 0.144 (torch.mm on the same
+    total shape: 0.757).  The weight-bound groups (32 rows per expert) ran 1.12-1.19x faster
+    than on the H100, not the HBM ratio 1.43x: the law overstates that gain, a stated assumption."""
+    from scipy.optimize import least_squares
+
+    g = pd.read_csv(FIX / "kernels" / "h200-grouped" / "grouped.csv")
+    assert np.isfinite(g["grouped_s"]).all() and len(g) == 1944
+    even = (g["split"] == "even").to_numpy()  # equal splits fill whole tiles, as the fit's form
+    law = GG.group_time_s(g["experts"], g["routed_rows"], g["k"], g["n"], 989.0, 4.8, even=even)
+    fit = least_squares(
+        lambda x: np.log((x[0] * 1e-6 + law) / g["grouped_s"].to_numpy()), [40.0], bounds=([0.0], [200.0])
+    )
+    rms = float(np.sqrt(np.mean(fit.fun**2)))
+    rms_one = float(np.sqrt(np.mean(np.log(g["dense_s"] / g["grouped_s"]) ** 2)))
+    assert rms < 0.2 and rms < 0.25 * rms_one, (rms, rms_one)
+    h100 = pd.read_csv(KERNELS)
+    key = ["d", "f_e", "proj", "kind", "experts", "routed_rows", "split"]
+    both = h100.merge(g, on=key, suffixes=("_100", "_200"))
+    small = both[both["routed_rows"] / both["experts"] == 32]
+    gain = float(np.nanmedian(small["grouped_s_100"] / small["grouped_s_200"]))  # 1.16
+    assert 1.05 < gain < 1.3  # the HBM ratio would be 1.43
