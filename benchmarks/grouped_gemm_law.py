@@ -2,15 +2,15 @@
 """The grouped-GEMM law (calibrate.grouped_gemm): its constants refitted from the H100 kernel
 timings, and how it does on the traced MoE runs it was never fitted to.
 
-Split (written before the kernels were timed; /fixtures/kernels/h100-grouped/SOURCE.txt):
+Split (written before the kernels were timed; fixtures/kernels/h100-grouped/SOURCE.txt):
   calibrate  the 1,940 grouped_mm kernels timed on one H100 (fixtures/kernels/h100-grouped);
   held out   every grouped expert GEMM of the traced MoE training runs (fixtures/traces/h100b,
              h200, h200b, h200c): each run's traced grouped time over the device model's roofline
              of the same shapes ("one GEMM of the rows"), and over the roofline times the law.
-             A law that carries the shapes leaves a ratio that varies less from run to run.
-
+             A law that carries the shapes leaves a ratio that varies less from run to run;
   held out   the same kernels timed on an H200 (fixtures/kernels/h200-grouped), with the H100's
              constants and the H200's datasheet; only the bare call's launch (a host cost) refitted.
+Also printed, recorded and not used: FP8 grouped GEMMs (torch._scaled_grouped_mm) on the H100.
 
 Usage: python benchmarks/grouped_gemm_law.py
 """

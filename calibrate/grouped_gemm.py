@@ -22,8 +22,12 @@ The three constants were fitted to 1,940 grouped GEMMs timed on one H100 SXM
 8-256 experts, 8 K and 32 K routed rows, even and random splits; ``benchmarks/grouped_gemm_law.py``
 refits them), never to a training trace.  On those kernels the factor moves the grouped/one-GEMM
 ratio from 1.1 (8 experts of 4,096 rows) to 6 (256 experts of 32 rows); the law's rms error is
-15 % (log) against 60 % for "one GEMM of the rows".  They are stated for other devices: the
-ridge point follows each device's datasheet peak and HBM bandwidth.
+15 % (log) against 80 % for "one GEMM of the rows".  They are stated for other devices: the
+ridge point follows each device's datasheet peak and HBM bandwidth (the same kernels on an H200
+fit as well, rms 0.144, though its weight-bound groups gained 1.16x, not the HBM ratio 1.43x).
+FP8 expert GEMMs take the peak times the FP8 speed-up with their operands still counted at 2
+bytes: no FP8 MoE run was traced (torch's row-wise FP8 grouped kernel, timed, runs compute-bound
+groups at about BF16 speed; docs/calibrate.md).
 """
 
 from __future__ import annotations
