@@ -253,8 +253,9 @@ def moe_layer_s(model, system, st, b, s_loc, d, t, mats, rc, eff_fn, peak) -> np
         return shared + moe_device_s(
             system, model, st, routed_tok, d, mo["f_e"], mats, passes - 2.0, casts, sh_tw
         )
-    x_e = MOE.expert_gemm_flops(T, mo["k"], mo["cap"], st.ep.astype(float), mo["E"], d, mo["f_e"])
-    routed = load * fl["routed"] / (lin_peak * eff_fn(x_e))
+    # the GPU's E / ep experts: one GEMM of their rows x the grouping law (analytic.moe)
+    x_all, factor = MOE.grouped_gemm(T, mo, st.ep.astype(float), d, mats, lin_peak, system.hw.hbm_tbps)
+    routed = load * fl["routed"] / (lin_peak * eff_fn(x_all)) * factor
     nbytes = MOE.DISPATCH_PASSES * routed_tok * d * F.BYTES_PER_VALUE
     return routed + shared + (nbytes + casts) / (system.hw.hbm_tbps * 1e12)
 

@@ -43,7 +43,11 @@ time).  r is one number for every ep > 1 (the skew seen at a rank averages over 
 experts and is not rescaled with ep).
 
 The experts of one GPU run as a grouped GEMM: E / ep GEMMs of M = ep T k C / E tokens
-each, so their efficiency follows the per-expert FLOPs 2 M d f_e, not the layer's.
+each in one launch.  Until stop 33 their efficiency followed the per-expert FLOPs 2 M d f_e,
+as if each expert were a GEMM of its own.  Now it is one GEMM of all their rows, times the
+grouping law measured on grouped kernels (calibrate.grouped_gemm, :func:`grouped_gemm`).  Every
+expert reads its own weights, so few rows per expert (small EP, many experts) are bound by
+those reads; each expert's rows are also padded to a tile.
 """
 
 from __future__ import annotations
@@ -230,6 +234,21 @@ def expert_gemm_flops(T, k, cap, ep, E, d, f_e) -> np.ndarray:
     """FLOPs of one routed expert's first matmul: 2 M d f_e with M = C ep T k / E tokens."""
     M = cap * np.asarray(ep, dtype=float) * np.asarray(T, dtype=float) * k / E
     return 2.0 * M * np.asarray(d, dtype=float) * f_e
+
+
+def grouped_gemm(T, mo: dict, ep, d, mats, peak, hbm_tbps) -> tuple[np.ndarray, np.ndarray]:
+    """(FLOPs of one GEMM of the GPU's routed rows, the grouping law's factor for its E / ep
+    experts; calibrate.grouped_gemm): the up (d -> (mats - 1) f_e) and down (f_e -> d)
+    projections' factors weighted by their FLOPs.  ``mo``: :func:`terms`."""
+    from calib.calibrate.grouped_gemm import grouping_factor
+
+    local = mo["E"] / np.asarray(ep, dtype=float)
+    x_all = local * expert_gemm_flops(T, mo["k"], mo["cap"], ep, mo["E"], d, mo["f_e"])
+    rows = x_all / (2.0 * np.asarray(d, dtype=float) * mo["f_e"])
+    tf = np.asarray(peak, dtype=float) / 1e12
+    up = grouping_factor(local, rows, d, (mats - 1.0) * mo["f_e"], tf, hbm_tbps)
+    down = grouping_factor(local, rows, mo["f_e"], d, tf, hbm_tbps)
+    return x_all, ((mats - 1.0) * up + down) / mats
 
 
 def layer_flops(model, T, t, mats, passes_fwd) -> dict[str, np.ndarray]:

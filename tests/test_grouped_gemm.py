@@ -145,3 +145,31 @@ def test_the_h100_law_on_h200_kernels():
     small = both[both["routed_rows"] / both["experts"] == 32]
     gain = float(np.nanmedian(small["grouped_s_100"] / small["grouped_s_200"]))  # 1.16
     assert 1.05 < gain < 1.3  # the HBM ratio would be 1.43
+
+
+def test_the_spec_path_prices_deepseek_v3_experts_by_the_law():
+    """The spec path (no device model) now times a GPU's E / ep experts as one GEMM of their
+    rows times the law, where it took each expert as a GEMM of its own (analytic.moe.grouped_gemm).
+    DeepSeek-V3 (256 experts of 2,048, top-8, d 7,168), a 4,096-token micro-batch, H100 datasheet:
+    at EP 1 a GPU holds all 256 experts, 128 rows each: 32,768 rows, every expert's weights read
+    for 128 rows, factor 2.49 (up 4,096 wide and down, weighted 2 : 1 by FLOPs); at EP 8, 1,024
+    rows each: 1.10; at EP 64 (the report's), 8,192: 1.01."""
+    from calib.analytic import moe as MOE
+    from calib.analytic.specs import load_model
+
+    mo = MOE.terms(load_model("deepseek-v3"))
+
+    def law(me, k, n, E):
+        c = lambda m: 2.0 * m * k * n / (0.6983 * 989e12)  # noqa: E731
+        b = lambda m: 2.0 * (m * k + k * n + m * n) / (0.7989 * 3.35e12)  # noqa: E731
+        p = 2.3077
+        one = (c(me * E) ** p + b(me * E) ** p) ** (1 / p)
+        return E * (c(me + 64.0) ** p + b(me) ** p) ** (1 / p) / one
+
+    want = (2 * law(128.0, 7168, 4096, 256) + law(128.0, 2048, 7168, 256)) / 3
+    for ep, lo, hi in ((1, 2.4, 2.6), (8, 1.05, 1.15), (64, 1.0, 1.02)):
+        x_all, factor = MOE.grouped_gemm(4096.0, mo, np.array([float(ep)]), 7168.0, 3.0, 989e12, 3.35)
+        assert float(x_all[0]) == 2.0 * 32768 * 7168 * 2048  # the GPU receives T k rows at any EP
+        assert lo < float(factor[0]) < hi, (ep, factor)
+        if ep == 1:
+            assert float(factor[0]) == pytest.approx(want, rel=1e-6)
