@@ -33,7 +33,8 @@ from calib.api import SystemModel, ingest_run, load_runs
 ROOT = Path(__file__).resolve().parents[1] / "fixtures"
 #: (folder, GEMM bench, dense runs of the fit): each machine's MoE runs against its own dense fit
 MACHINES = (("h100b", "h100", "h100", "h100-hf"), ("h200", "h200", "h200", "h200-hf"),
-            ("h200b", "h200", "h200", "h200-hf"), ("h200c", "h200", "h200", "h200-hf"))  # fmt: skip
+            ("h200b", "h200", "h200", "h200-hf"), ("h200c", "h200", "h200", "h200-hf"),
+            ("h100d", "h100", "h100", "h100-hf"))  # fmt: skip
 DENSE = ("g125m-b8", "g760m-b8", "g2p7b-b4", "g1p3b-s2k-b2", "llama-d1024-l16")
 
 
