@@ -19,7 +19,10 @@ Splits (written before any prediction; SOURCE.txt there):
           against the same fits without a dense MLA run; two torch.compile runs; each
           DeepSeek-V3 run's own MoE terms.
 
-Usage: python benchmarks/device_heldout.py [--section dense moe other moe-from fp8 cross kernels mla]
+  few-rows  stop 33 (fixtures/traces/h100d): three HF Mixtral shapes with 64-128 routed rows per
+          expert from the shipped H100 fit and h100b's Mixtral terms (host-bound steps on a slower host).
+
+Usage: python benchmarks/device_heldout.py [--section dense moe other moe-from fp8 cross kernels mla few-rows]
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ OTHER = ("dsv3-d1024-e64-top6", "qwen2moe-d1024-e60-top4", "dsv3-d2048-e32-top4"
 MLA_DEV = "mla-dense-d1024"  # the MLA terms' one run (fixtures/traces/h200c, h100c; stop 32)
 MLA_HELD = ("mla-dense-d2048", "mla-dense-d1536-s4k")
 DSV3 = ("dsv3-d1024-e64-top6", "dsv3-d2048-e32-top4", "dsv3-d1024-e32-top4-f384")
+#: fixtures/traces/h100d (stop 33): HF Mixtral layers with 64 and 128 routed rows per expert
+FEW_ROWS = ("mixtral-d1024-e128-top2-f512", "mixtral-d1024-e256-top4-f256", "mixtral-d1024-e64-top2-f1024")
 
 
 def measured(folder: str) -> dict:
@@ -170,7 +175,7 @@ def mla_section(h100b_dense) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    names = ["dense", "moe", "other", "moe-from", "fp8", "cross", "kernels", "mla"]
+    names = ["dense", "moe", "other", "moe-from", "fp8", "cross", "kernels", "mla", "few-rows"]
     ap.add_argument("--section", nargs="*", default=names, choices=names)
     sections = set(ap.parse_args(argv).section)
     h100b, h200b = measured("h100b"), measured("h200b")
@@ -215,6 +220,10 @@ def main(argv=None) -> None:
         report("cross: the H200 fit moved to the H100", h200fit, (REPEAT, *NEW_DENSE), h100b, hardware="h100")
     if "mla" in sections:
         mla_section(h100b_dense)
+    if "few-rows" in sections:  # stop 33: host-bound steps, the grouping law not visible in them
+        model = fit([("h100", n) for n in REPLICAS] + [("h100b", "mixtral-d1024-e8")], "h100-hf", "h100")
+        report("few-rows: 64-128 routed rows per expert on a third H100 (the shipped fit + h100b's Mixtral terms)",
+               model, FEW_ROWS, measured("h100d"))  # fmt: skip
     if "kernels" in sections:
         a, b = (json.loads((FIX / f / "measured_steps.json").read_text())["kernels"]["bandwidth"]
                 for f in ("h100b", "h200b"))  # fmt: skip

@@ -40,7 +40,7 @@ DENSE = ("g125m-b8", "g760m-b8", "g2p7b-b4", "g1p3b-s2k-b2", "llama-d1024-l16")
 
 def kernels() -> pd.DataFrame:
     hw = load_hardware("h100")
-    df = pd.read_csv(ROOT / "kernels" / "h100-grouped" / "grouped.csv")
+    df = pd.read_csv(ROOT / "kernels" / "h100-grouped" / "grouped.csv.gz")
     return df.assign(peak_tflops=hw.peak_tflops, hbm_tbps=hw.hbm_tbps)
 
 
@@ -104,7 +104,7 @@ def held_out() -> None:
         print(f"  {name:40s} E {E:3d}  {r0:.3f}  {r1:.3f}")
     # h100d was recorded after the law was fitted, for few rows per expert: shown apart
     for label, sel in (("earlier runs", [r for r in rows if not r[0].startswith("h100d/")]),
-                       ("h100d (64-128 rows per expert and the twin)", [r for r in rows if r[0].startswith("h100d/")])):  # fmt: skip
+                       ("h100d (64-128 rows per expert)", [r for r in rows if r[0].startswith("h100d/")])):  # fmt: skip
         print(f"  {label}:")
         for i, what in ((2, "one GEMM of the rows"), (3, "roofline x law")):
             x = np.log([r[i] for r in sel])
@@ -117,7 +117,7 @@ def on_h200() -> None:
     from scipy.optimize import least_squares
 
     hw = load_hardware("h200")
-    g = pd.read_csv(ROOT / "kernels" / "h200-grouped" / "grouped.csv")
+    g = pd.read_csv(ROOT / "kernels" / "h200-grouped" / "grouped.csv.gz")
     even = (g["split"] == "even").to_numpy()
     t = g["grouped_s"].to_numpy(dtype=float)
     print(
@@ -135,7 +135,7 @@ def on_h200() -> None:
     print(
         f"  torch.mm on the same total shape: rms log error {np.sqrt(np.mean(np.log(g['dense_s'] / t) ** 2)):.3f}"
     )
-    h100 = pd.read_csv(ROOT / "kernels" / "h100-grouped" / "grouped.csv")
+    h100 = pd.read_csv(ROOT / "kernels" / "h100-grouped" / "grouped.csv.gz")
     both = h100.merge(
         g, on=["d", "f_e", "proj", "kind", "experts", "routed_rows", "split"], suffixes=("_100", "_200")
     )
