@@ -65,14 +65,17 @@ def group_time_s(experts: ArrayLike, rows: ArrayLike, k: ArrayLike, n: ArrayLike
     return E * (c**p + b**p) ** (1.0 / p)
 
 
-def grouping_factor(experts: ArrayLike, rows: ArrayLike, k: ArrayLike, n: ArrayLike, peak_tflops: float,
-                    hbm_tbps: float) -> np.ndarray:  # fmt: skip
+def grouping_factor(experts: ArrayLike, rows: ArrayLike, k: ArrayLike, n: ArrayLike, peak_tflops: ArrayLike,
+                    hbm_tbps: ArrayLike) -> np.ndarray:  # fmt: skip
     """The grouped GEMM's time over one GEMM of all ``rows`` (module docstring); 1 where
-    there is one expert or no row."""
+    there is one expert or no row, or the device states no positive peak or HBM bandwidth."""
     E, R = np.asarray(experts, dtype=float), np.asarray(rows, dtype=float)
-    one = group_time_s(1.0, R, k, n, peak_tflops, hbm_tbps, pad=False)
-    ok = (E > 1.0) & (R > 0.0) & (one > 0.0)
-    grouped = group_time_s(E, R, k, n, peak_tflops, hbm_tbps)
+    peak, hbm = np.asarray(peak_tflops, dtype=float), np.asarray(hbm_tbps, dtype=float)
+    known = (peak > 0.0) & (hbm > 0.0) & np.isfinite(peak) & np.isfinite(hbm)
+    peak, hbm = np.where(known, peak, 1.0), np.where(known, hbm, 1.0)
+    one = group_time_s(1.0, R, k, n, peak, hbm, pad=False)
+    ok = known & (E > 1.0) & (R > 0.0) & (one > 0.0)
+    grouped = group_time_s(E, R, k, n, peak, hbm)
     return np.where(ok, grouped / np.where(ok, one, 1.0), 1.0)
 
 

@@ -83,6 +83,12 @@ def test_the_factor_grows_as_experts_shrink_and_is_one_for_one_expert():
     assert f[0] == 1.0
     assert np.all(np.diff(f) > 0) and 1.0 < f[1] < 1.05 and 1.7 < f[-1] < 2.6, f
     assert float(GG.grouping_factor(8, 0, 1024, 1024, 989.0, 3.35)) == 1.0
+    # a device model without a stated peak or HBM bandwidth (0, NaN): no law, not NaN
+    assert GG.grouping_factor(64, 8192, 1024, 1024, np.array([0.0, np.nan, 989.0]), 3.35)[:2].tolist() == [
+        1.0,
+        1.0,
+    ]
+    assert float(GG.grouping_factor(64, 8192, 1024, 1024, 989.0, 0.0)) == 1.0
     # a device with more HBM bandwidth for the same peak (an H200) loses less to the weights
     assert float(GG.grouping_factor(256, 32768, 4096, 3584, 989.0, 4.8)) < f[-1]
 
