@@ -154,18 +154,21 @@ def moe_routed_s(dm: DeviceModel, fam: Family, routed, d, f_e, mats, passes_fwd,
     experts, dense MLPs whose element-wise work streams the family's ffn bytes (their GEMMs
     are analytic.modern.moe_layer_s's)."""
     from calib.analytic.moe import DISPATCH_PASSES
-    from calib.calibrate.grouped_gemm import grouping_factor
+    from calib.calibrate.grouped_gemm import expert_factors
 
     R, d, f_e = (np.asarray(x, dtype=float) for x in (routed, d, f_e))
-    lin = [(d, f_e)] * (int(mats) - 1) + [(f_e, d)]  # gate (and up), down
     mt = dm.moe
-    law = mt is None or mt.grouping_law  # a calibration from before the law holds it in its scale
+    # a calibration from before the law holds the grouping in its scale
+    up, down = (
+        expert_factors(experts, R, d, f_e, mats, dm.peak_tflops * np.asarray(scale, dtype=float), dm.hbm_tbps)
+        if mt is None or mt.grouping_law
+        else (1.0, 1.0)
+    )
+    lin = [(d, f_e, up)] * (int(mats) - 1) + [(f_e, d, down)]  # gate (and up), down
     g = dm.gemm
-    peak = dm.peak_tflops * np.asarray(scale, dtype=float)
     gemm = sum(
-        (passes_fwd * g.time_s(R, o, i, scale=scale) + g.time_s(R, i, o, scale=scale) + g.time_s(o, i, R, scale=scale))
-        * (grouping_factor(experts, R, i, o, peak, dm.hbm_tbps) if law else 1.0)
-        for i, o in lin
+        (passes_fwd * g.time_s(R, o, i, scale=scale) + g.time_s(R, i, o, scale=scale) + g.time_s(o, i, R, scale=scale)) * fac
+        for i, o, fac in lin
     )  # fmt: skip
     if mt is not None and mt.grouped_gemm_scale is not None:  # the traced grouped kernels' speed
         gemm = gemm * mt.grouped_gemm_scale.value

@@ -240,14 +240,12 @@ def grouped_gemm(T, mo: dict, ep, d, mats, peak, hbm_tbps) -> tuple[np.ndarray, 
     """(FLOPs of one GEMM of the GPU's routed rows, the grouping law's factor for its E / ep
     experts; calibrate.grouped_gemm): the up (d -> (mats - 1) f_e) and down (f_e -> d)
     projections' factors weighted by their FLOPs.  ``mo``: :func:`terms`."""
-    from calib.calibrate.grouped_gemm import grouping_factor
+    from calib.calibrate.grouped_gemm import expert_factors
 
     local = mo["E"] / np.asarray(ep, dtype=float)
     x_all = local * expert_gemm_flops(T, mo["k"], mo["cap"], ep, mo["E"], d, mo["f_e"])
     rows = x_all / (2.0 * np.asarray(d, dtype=float) * mo["f_e"])
-    tf = np.asarray(peak, dtype=float) / 1e12
-    up = grouping_factor(local, rows, d, (mats - 1.0) * mo["f_e"], tf, hbm_tbps)
-    down = grouping_factor(local, rows, mo["f_e"], d, tf, hbm_tbps)
+    up, down = expert_factors(local, rows, d, mo["f_e"], mats, np.asarray(peak, dtype=float) / 1e12, hbm_tbps)
     return x_all, ((mats - 1.0) * up + down) / mats
 
 

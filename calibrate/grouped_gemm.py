@@ -79,6 +79,18 @@ def grouping_factor(experts: ArrayLike, rows: ArrayLike, k: ArrayLike, n: ArrayL
     return np.where(ok, grouped / np.where(ok, one, 1.0), 1.0)
 
 
+def expert_factors(experts: ArrayLike, rows: ArrayLike, d: ArrayLike, f_e: ArrayLike, mats: float, peak_tflops: ArrayLike,
+                   hbm_tbps: ArrayLike) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The grouping factors of an MoE layer's two expert GEMMs on ``rows`` routed rows over
+    ``experts`` groups: the up-projection (d -> (mats - 1) f_e: gate and up fused, as HF's
+    grouped experts and Megatron-Core's GroupedMLP run them) and the down-projection
+    (f_e -> d).  The one place the device path (analytic.device_path) and the spec path
+    (analytic.moe) take the layer's expert GEMMs from."""
+    f_e = np.asarray(f_e, dtype=float)
+    up = grouping_factor(experts, rows, d, (float(mats) - 1.0) * f_e, peak_tflops, hbm_tbps)
+    return up, grouping_factor(experts, rows, f_e, d, peak_tflops, hbm_tbps)
+
+
 def fit_law(kernels, starts=((0.5, 1.5), (0.5, 4.0), (0.8, 2.5), (0.8, 8.0))) -> dict[str, Param]:
     """Refit (compute fraction, stream fraction, p) on timed grouped GEMMs: a frame with
     ``experts, routed_rows, k, n, split`` ("even": rows a multiple of the tile per group, no

@@ -167,7 +167,7 @@ def test_h100_mla_terms_carry_to_the_second_h100s_deepseek_runs(tmp_path):
 def test_compiled_mla_runs_from_the_eager_mla_terms(tmp_path):
     """torch.compile runs on another H200 machine (fixtures/traces/h200d), held out: the eager
     MLA terms moved by the compiled Llama family's ratios (device_path.compile_fusion, a
-    stated rule) give +6.0 % (dense MLA) and +4.2 % (DeepSeek-V3; +5.5 % with the grouping law
+    stated rule) give +6.0 % (dense MLA) and +4.2 % (DeepSeek-V3; +5.4 % with the grouping law
     of stop 33); without them +2.5 and +1.8 %: Inductor fuses MLA's extra work more than the
     rule says."""
     from calib.api import ingest_run

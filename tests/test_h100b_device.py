@@ -226,7 +226,7 @@ def test_other_moe_implementations_never_fitted():
     shared expert) at three shapes, predicted from the second H100's dense runs and the
     Mixtral MoE terms -- another implementation of the routing, never fitted.  The specs
     count the models' parameters (611 M, 1,207 M, 834 M; the MLA norms, biases
-    and gates apart, within 0.005 %); observed -5.8, +8.8, -3.4 % with the grouping law of
+    and gates apart, within 0.005 %); observed -5.9, +8.7, -3.6 % with the grouping law of
     stop 33 (-6.8, +7.0, -5.2 before it; stop 28, before the shared experts' element-wise
     work was priced: -7.4, +4.8, -5.5), each inside its
     interval; peak memory -1.6, +1.8, -2.1 % (-3.5, +1.8, -3.7 before stop 32 counted what HF's
