@@ -117,8 +117,7 @@ def mla_stream_s(dm: DeviceModel, fam: Family, sh: Shape, T, t, sp, passes_fwd) 
     if mt is None or sh.attn is None:
         return 0.0
     fuse_bytes, fuse_kernels, _ = compile_fusion(dm, fam)
-    d_part = np.where(np.asarray(sp, dtype=bool), sh.d / np.asarray(t, dtype=float), sh.d)
-    nbytes = max(mt.bytes_d.value, 0.0) * fuse_bytes * np.asarray(T, dtype=float) * d_part
+    nbytes = max(mt.bytes_d.value, 0.0) * fuse_bytes * np.asarray(T, dtype=float) * D.d_part(sh.d, t, sp)
     return D.streamed_s(dm, fam, nbytes, max(mt.kernels_layer.value, 0.0) * fuse_kernels, passes_fwd)
 
 

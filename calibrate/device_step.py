@@ -134,9 +134,14 @@ def attention_layer_s(dm: DeviceModel, b, s, d, a, t, flash, passes_fwd=1.0) -> 
 def stream_layer_s(dm: DeviceModel, fam: Family, T, d, ffn, t, sp, passes_fwd=1.0) -> np.ndarray:
     """Memory-bound kernels of one layer: streamed bytes at the achieved bandwidth."""
     T, d, ffn, t = _f(T), _f(d), _f(ffn), _f(t)
-    d_part = np.where(np.asarray(sp, dtype=bool), d / t, d)  # norms/residuals replicate without SP
-    nbytes = T * (fam.bytes_d.value * d_part + fam.bytes_ffn.value * ffn / t)
+    nbytes = T * (fam.bytes_d.value * d_part(d, t, sp) + fam.bytes_ffn.value * ffn / t)
     return streamed_s(dm, fam, nbytes, fam.kernels_layer.value, passes_fwd)
+
+
+def d_part(d, t, sp) -> np.ndarray:
+    """The share of d-wide element-wise work (norms, residuals) one GPU of a TP group does:
+    split over t with sequence parallelism, replicated without it."""
+    return np.where(np.asarray(sp, dtype=bool), _f(d) / _f(t), _f(d))
 
 
 def streamed_s(dm: DeviceModel, fam: Family, nbytes, kernels, passes_fwd=1.0) -> np.ndarray:
