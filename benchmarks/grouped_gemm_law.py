@@ -84,13 +84,8 @@ def held_out() -> None:
             dm = SystemModel().fit(load_runs(system=system, store=store)).device_model_
             for run_dir in sorted((ROOT / "traces" / folder / "runs").iterdir()):
                 ingest_run(run_dir, system=system, store=store, name="moe-" + run_dir.name)
-                f = facts(
-                    next(
-                        r
-                        for r in load_runs(system=system, store=store)
-                        if r.meta.name == "moe-" + run_dir.name
-                    )
-                )
+                (run,) = load_runs(["moe-" + run_dir.name], system=system, store=store, kind="trace")
+                f = facts(run)
                 g = f.gemms[f.gemms["grouped"].astype(bool)] if f is not None else None
                 if g is None or g.empty or f.variant not in ("moe", "moe+mla"):
                     continue
