@@ -16,7 +16,9 @@ against the eager model the dense runs fitted:
   explicit [b, 1, s, s] mask with ``is_causal`` false, so the kernel computes the whole
   s x s square (twice the causal work) and adds the mask in its inner loop;
 * ``step_gap_s``: the device's idle time per device-bound step (fewer host syncs);
-* ``act_scale``: activation memory over the hand count, with the eager logit bytes;
+* ``act_scale`` and ``logit_bytes``: activation memory over the hand count and bytes per
+  logit element, fitted together on the family's peaks (the compiled loss keeps far fewer
+  logit bytes than the eager one; :func:`_memory`);
 * ``cast_fusion``: the family's streamed bytes per token-layer-d over the eager family's,
   the share of element-wise traffic compile leaves; FP8 casts traced eagerly
   (device_fp8) are scaled by it when a compiled FP8 step is predicted (a stated
@@ -32,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
 from calib.calibrate import device_step as D
 from calib.calibrate.device_facts import RunFacts
 from calib.calibrate.device_model import STATIC_BYTES_PER_PARAM, DeviceModel, Family, act_count
@@ -57,16 +60,36 @@ def _attention_s(dm: DeviceModel, f: RunFacts) -> float:
     return float(f.L * D.attention_layer_s(dm, f.b, f.s, f.d, f.a, 1.0, True))
 
 
-def _act_scale(dm: DeviceModel, fs: Sequence[RunFacts]) -> Param | None:
-    xs = []
-    for f in fs:
-        if not f.peak_mem_bytes:
-            continue
-        acts = (
-            f.peak_mem_bytes - f.params * STATIC_BYTES_PER_PARAM[f.weights] - dm.logit_bytes.value * f.T * f.V
-        )
-        xs.append(acts / (f.T * f.L * float(act_count(f.family_key, f.d, f.kv / f.a, f.ffn))))
-    return _mean(xs, "", "measured peak over the hand count, the eager logit bytes") if xs else None
+#: compiled runs with peak memory needed to fit the family's own logit bytes beside its
+#: activation scale (two terms and one degree of freedom for their uncertainty; stated)
+MIN_LOGIT_RUNS = 3
+
+
+def _memory(dm: DeviceModel, fs: Sequence[RunFacts]) -> tuple[Param | None, Param | None]:
+    """(activation scale, logit bytes) of a compiled family from its runs' peaks.
+
+    The compiled graph holds the loss, and Inductor fuses HF's fp32 upcast, log-softmax and
+    NLL into reductions that keep only per-row statistics: the bf16 logits, not the eager
+    stack's fp32 copies, stay alive (the traced kernels' shapes, ``docs/calibrate.md``).
+    With ``MIN_LOGIT_RUNS`` runs the two are fitted together as the eager ones are
+    (device_fit.fit_memory); with fewer, or a fit that leaves no logits, the activation scale
+    is taken with the eager logit bytes and the logit bytes are the device's (None)."""
+    from calib.calibrate.device_fit import fit_memory
+
+    timed = [f for f in fs if f.peak_mem_bytes]
+    if len(timed) >= MIN_LOGIT_RUNS:
+        key = timed[0].family_key
+        act, logit = fit_memory(timed, [key])
+        if logit.value > 0 and logit.stderr is not None and np.isfinite(logit.stderr):
+            names = ", ".join(f.name for f in timed)
+            return (replace(act[key], note=f"measured peak over the hand count, with its own logit bytes ({names})"),
+                    replace(logit, note=f"the compiled loss's, fitted with the activation scale ({names})"))  # fmt: skip
+    xs = [
+        (f.peak_mem_bytes - f.params * STATIC_BYTES_PER_PARAM[f.weights] - dm.logit_bytes.value * f.T * f.V)
+        / (f.T * f.L * float(act_count(f.family_key, f.d, f.kv / f.a, f.ffn)))
+        for f in timed
+    ]
+    return (_mean(xs, "", "measured peak over the hand count, the eager logit bytes") if xs else None), None
 
 
 def fit_compiled_families(runs: Sequence[RunFacts], dm: DeviceModel) -> tuple[Family, ...]:
@@ -84,9 +107,8 @@ def fit_compiled_families(runs: Sequence[RunFacts], dm: DeviceModel) -> tuple[Fa
         fs = [f for f in cr if f.family_key == key]
         names = ", ".join(f.name for f in fs)
         eager, _ = dm.family(fs[0].mlp, fs[0].weights, compiled=False)
-        act = _act_scale(dm, fs) or replace(
-            eager.act_scale, note="no measured peak memory: the eager family's"
-        )
+        act, logit = _memory(dm, fs)
+        act = act or replace(eager.act_scale, note="no measured peak memory: the eager family's")
         (fam,) = fit_families(fs, bw, t0, {key: act})
         # runs whose graphs kept a fused attention kernel (Inductor may decompose it instead:
         # then its time is in the GEMM and memory-bound classes and the eager term stands)
@@ -106,6 +128,6 @@ def fit_compiled_families(runs: Sequence[RunFacts], dm: DeviceModel) -> tuple[Fa
         )  # fmt: skip
         out.append(replace(
             fam, compiled=True, stream_tbps=bw, kernel_fixed_s=t0, attn_scale=attn, step_gap_s=gap,
-            cast_fusion=fusion, host_s_per_op=host_per_op(list(runs), dm.profiler_overhead.value, key),
+            cast_fusion=fusion, logit_bytes=logit, host_s_per_op=host_per_op(list(runs), dm.profiler_overhead.value, key),
         ))  # fmt: skip
     return tuple(out)

@@ -142,6 +142,7 @@ class Family:
     attn_scale: Param | None = None  # traced attention kernel time over the device model's
     step_gap_s: Param | None = None  # device idle per device-bound step (None: the device's)
     cast_fusion: Param | None = None  # streamed bytes per token-layer over the eager family's
+    logit_bytes: Param | None = None  # bytes per logit element at the memory peak (None: the device's)
 
     @property
     def key(self) -> str:

@@ -220,7 +220,9 @@ def memory_bytes(
     w, opt, grads = _f(params_w) * w_b, _f(params_opt) * opt_b, _f(params_grad) * g_b
     ffn = 4.0 * _f(d) if ffn is None else _f(ffn)
     acts = act_layer_bytes(fam, d, kv_frac, ffn) * _f(T) * _f(layers) / _f(t) * _f(acts_scale)
-    logits = dm.logit_bytes.value * _f(T) * _f(V) / _f(t)
+    # a torch.compile family fuses the loss and keeps its own logit bytes (device_compile)
+    logit_b = (dm.logit_bytes if fam.logit_bytes is None else fam.logit_bytes).value
+    logits = logit_b * _f(T) * _f(V) / _f(t)
     fwd_peak = w + opt + acts + logits
     bwd_end = w + opt + grads
     total = np.maximum(fwd_peak, bwd_end)

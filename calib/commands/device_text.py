@@ -73,6 +73,12 @@ def render(dm: DeviceModel) -> list[str]:
                 f"x{_v(f.cast_fusion, digits='.3f')} the eager family's (FP8 casts too){gap}; "
                 f"{_v(f.stream_tbps, digits='.3g')} TB/s, {_v(f.kernel_fixed_s, 1e6, 'us', '.3g')} per kernel"
             )
+            logits = (
+                f"{_v(f.logit_bytes, unit='B')} per token x vocabulary entry (the fused loss)"
+                if f.logit_bytes is not None
+                else "the eager loss's (too few compiled runs with peak memory to fit its own)"
+            )
+            L.append(f"    torch.compile: logits memory {logits}")
     if dm.runs:
         L.append(
             "  traced runs (unprofiled step, ms): measured / in-sample / leave-one-run-out [90% interval]"
