@@ -241,7 +241,7 @@ def memory(
         / per_layer
     )
     scale = np.where(rc == F.FULL, full_scale, np.where(rc == F.OP, op_scale, 1.0)) * in_flight
-    t_acts = np.where(np.asarray(sp, dtype=bool), t, 1.0)  # replicated activations without SP
+    t_acts = D.act_split(t, sp)  # replicated activations without SP
     T = np.asarray(b, dtype=float) * sh.s
     V_eff = np.where(p_ == 1, sh.V, 0.0)  # logits live on the last stage only
     mem = D.memory_bytes(dm, fam, p_w, p_opt, p_grad, T, np.ceil(sh.L / p_), sh.d, V_eff, t_acts, scale,
@@ -291,7 +291,7 @@ def mla_act_bytes_layer(model, fam: Family, tokens, d, t, sp) -> np.ndarray:
     kept = attention_kept_coeffs(model)
     if kept is None:
         return np.zeros(np.shape(t))
-    t_acts = np.where(np.asarray(sp, dtype=bool), t, 1.0)
+    t_acts = D.act_split(t, sp)
     full = 4.0 + 4.0 * float(model.shape_extras["kv"]) / float(model.n_heads)
     d = np.asarray(d, dtype=float)
     # torch.compile's partitioner recomputes element-wise work (the norms' casts) rather than keep it
@@ -358,7 +358,7 @@ def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, ma
     if L_moe:
         stage = moe_act_bytes_layer(model, fam, b * s_loc / t, d, st.ep) * np.ceil(L_moe / p)
     if np.any(compiled_fp8):  # precision.compiled_fp8_saved_bytes
-        t_acts = np.where(np.asarray(st.seq_parallel, dtype=bool), t, 1.0)
+        t_acts = D.act_split(t, st.seq_parallel)
         per_layer = PR.compiled_fp8_saved_bytes(d, model.ffn_size) * b * s_loc / t_acts
         stage = stage + np.where(compiled_fp8, per_layer * np.ceil((model.n_layers - L_moe) / p), 0.0)
     stage = stage + mla_act_bytes_layer(model, fam, b * s_loc, d, t, st.seq_parallel) * np.ceil(

@@ -26,7 +26,7 @@ import pandas as pd
 from calib.analytic.specs import load_hardware
 from calib.calibrate import grouped_gemm as GG
 from calib.calibrate.device_facts import facts
-from calib.calibrate.device_moe import traced_grouping
+from calib.calibrate.device_moe import grouped_times
 
 from calib.api import SystemModel, ingest_run, load_runs
 
@@ -89,10 +89,8 @@ def held_out() -> None:
                 g = f.gemms[f.gemms["grouped"].astype(bool)] if f is not None else None
                 if g is None or g.empty or f.variant not in ("moe", "moe+mla"):
                     continue
-                roof = dm.gemm.time_s(g["m"], g["n"], g["k"], g["batch"]) * g["count"]
-                traced = float((g["dur_s"] * g["count"]).sum())
-                law = float((roof * traced_grouping(g, f, dm)).sum())
-                rows.append((f"{folder}/{run_dir.name}", f.experts, traced / float(roof.sum()), traced / law))
+                traced, roof, law = grouped_times(f, dm)
+                rows.append((f"{folder}/{run_dir.name}", f.experts, traced / roof, traced / law))
         finally:
             shutil.rmtree(store, ignore_errors=True)
     for name, E, r0, r1 in rows:

@@ -67,18 +67,24 @@ def excess(f: RunFacts, dm: DeviceModel) -> dict[str, float]:
     dense_d = fam.bytes_d.value * f.d * f.T * f.L + (0.0 if sh_ffn else shared) + mla["bytes"]
     dense_ffn = fam.bytes_ffn.value * f.T * f.ffn * f.dense_layers + (shared if sh_ffn else 0.0)
     kernels, host = kernels - mla["kernels"], host - mla["host_ops"]
-    g = f.gemms[f.gemms["grouped"].astype(bool)]
-    roof = float(
-        (dm.gemm.time_s(g["m"], g["n"], g["k"], g["batch"]) * g["count"] * traced_grouping(g, f, dm)).sum()
-    )
+    traced, _, roof = grouped_times(f, dm)
     ffn_bytes = gr.loc["ffn", "bytes"] + (gr.loc["expert", "bytes"] if "expert" in gr.index else 0.0)
     return {
-        "grouped_gemm_scale": float((g["dur_s"] * g["count"]).sum()) / roof if roof > 0 else float("nan"),
+        "grouped_gemm_scale": traced / roof if roof > 0 else float("nan"),
         "bytes_d": (gr.loc["d", "bytes"] + unsized - dense_d) / (routed * f.d * L_moe),
         "bytes_ffn": (ffn_bytes - dense_ffn) / (routed * f_e * L_moe),
         "kernels_layer": kernels / L_moe,
         "host_ops_layer": host / L_moe,
     }
+
+
+def grouped_times(f: RunFacts, dm: DeviceModel) -> tuple[float, float, float]:
+    """A run's grouped expert GEMMs per step: (traced seconds, the device model's one-GEMM
+    roofline of the same shapes, that roofline times the grouping law)."""
+    g = f.gemms[f.gemms["grouped"].astype(bool)]
+    roof = dm.gemm.time_s(g["m"], g["n"], g["k"], g["batch"]) * g["count"]
+    traced = float((g["dur_s"] * g["count"]).sum())
+    return traced, float(roof.sum()), float((roof * traced_grouping(g, f, dm)).sum())
 
 
 def traced_grouping(g, f: RunFacts, dm: DeviceModel) -> np.ndarray:

@@ -138,10 +138,15 @@ def stream_layer_s(dm: DeviceModel, fam: Family, T, d, ffn, t, sp, passes_fwd=1.
     return streamed_s(dm, fam, nbytes, fam.kernels_layer.value, passes_fwd)
 
 
+def act_split(t, sp) -> np.ndarray:
+    """How many GPUs of a TP group share the d-wide activations and their element-wise work
+    (norms, residuals, dropout): t with sequence parallelism; 1 without it (replicated)."""
+    return np.where(np.asarray(sp, dtype=bool), _f(t), 1.0)
+
+
 def d_part(d, t, sp) -> np.ndarray:
-    """The share of d-wide element-wise work (norms, residuals) one GPU of a TP group does:
-    split over t with sequence parallelism, replicated without it."""
-    return np.where(np.asarray(sp, dtype=bool), _f(d) / _f(t), _f(d))
+    """The share of d-wide element-wise work one GPU of a TP group does (:func:`act_split`)."""
+    return _f(d) / act_split(t, sp)
 
 
 def streamed_s(dm: DeviceModel, fam: Family, nbytes, kernels, passes_fwd=1.0) -> np.ndarray:

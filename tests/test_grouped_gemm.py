@@ -97,7 +97,7 @@ def _traced_ratios(tmp_path, folder: str, names) -> np.ndarray:
     """(traced grouped time over the one-GEMM roofline, over the roofline x the law) per run of
     ``folder``, against the scoreboard's H100 fit (the five shipped runs and their GEMM bench)."""
     from calib.calibrate.device_facts import facts
-    from calib.calibrate.device_moe import traced_grouping
+    from calib.calibrate.device_moe import grouped_times
 
     from calib.api import SystemModel, ingest_run, load_runs
 
@@ -111,11 +111,8 @@ def _traced_ratios(tmp_path, folder: str, names) -> np.ndarray:
         ingest_run(FIX / "traces" / folder / "runs" / name, system="h100-hf", store=store)
     ratios = []
     for run in load_runs(list(names), system="h100-hf", store=store, kind="trace"):
-        f = facts(run)
-        g = f.gemms[f.gemms["grouped"].astype(bool)]
-        roof = dm.gemm.time_s(g["m"], g["n"], g["k"], g["batch"]) * g["count"]
-        traced = float((g["dur_s"] * g["count"]).sum())
-        ratios.append((traced / float(roof.sum()), traced / float((roof * traced_grouping(g, f, dm)).sum())))
+        traced, roof, law = grouped_times(facts(run), dm)
+        ratios.append((traced / roof, traced / law))
     return np.array(ratios)
 
 
