@@ -320,12 +320,13 @@ def hf_mla_kept_extra(model) -> tuple[float, float]:
     return 2.0 * float(model.n_heads) * nope, 4.0 * q_r + (4.0 * kv_r - 2.0 * rope if kv_r else 0.0)
 
 
-def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc, fam):
+def adjust_dm_memory(mem, model, st, linear_p, expert_p, d, t, p, m, b, s_loc, mats, rc, fam):
     """A fitted device model's memory of the dense part (``mem``, :func:`memory`), plus what
     the new axes add: the routed experts' weights, optimizer states and gradients (ZeRO-
     sharded over EDP) in the traced family's precision (device_step.state_bytes_per_param:
     until stop 25 the spec path's fp32 master and moments, 12 bytes where HF's bf16 runs
-    keep 4), the FP8 weight copy (none under torch.compile, which keeps FP8 linear inputs
+    keep 4), the FP8 weight copy of the dense ``linear_p`` and the experts (the embedding and
+    LM head stay bf16; none under torch.compile, which keeps FP8 linear inputs
     instead: precision.compiled_fp8_saved_bytes), DualPipe's second parameter copy and
     p + 1 micro-batches, the MoE layers' activations (:func:`moe_act_bytes_layer`) and multi-
     head latent attention's (:func:`mla_act_bytes_layer`).
@@ -343,7 +344,7 @@ def adjust_dm_memory(mem, model, st, dense_p, expert_p, d, t, p, m, b, s_loc, ma
     w_b, o_b, g_b = D.state_bytes_per_param(fam.weights)
     w = mem["mem_weights_bytes"] + w_b * expert_p / np.where(z == 3, g_exp, 1.0)
     fp8_copy = PR.FP8_WEIGHT_COPY_BYTES * (
-        dense_p / np.where(z == 3, g_dense, 1.0) + expert_p / np.where(z == 3, g_exp, 1.0)
+        linear_p / np.where(z == 3, g_dense, 1.0) + expert_p / np.where(z == 3, g_exp, 1.0)
     )
     # torch.compile casts the weights again in the backward: no FP8 copy is kept
     fp8 = np.asarray(st.fp8, dtype=bool)

@@ -314,10 +314,10 @@ def dist_opt_exposed(st, rs, ag, bwd_window, fwd_window) -> tuple[np.ndarray, np
 
 # ---- memory --------------------------------------------------------------------------------
 def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, reserve_bytes, logits=0.0,
-           largest_matrix=0.0):  # fmt: skip
+           largest_matrix=0.0, embed_p=0.0):  # fmt: skip
     """Weights, gradients, optimizer states (dense over d c, experts over EDP), activations.
-    ``largest_matrix``: parameters of the largest weight matrix on this TP rank (DeepSpeed's
-    ZeRO-3 live-parameter cap, :func:`analytic.zero_overlap.live_gathered_params`)."""
+    ``largest_matrix``: the largest weight matrix on this TP rank (DeepSpeed's ZeRO-3 cap,
+    zero_overlap.live_gathered_params); ``embed_p``: embedding + LM head, no FP8 copy."""
     from calib.analytic.memory import BYTES_GRAD, BYTES_WEIGHT, gathered_bytes, stages_in_flight
 
     z = st.zero
@@ -331,6 +331,7 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
                 opt_b * P / np.where(z >= 1, g, 1.0))  # fmt: skip
 
     wd, gd, od = states(dense_p, g_dense)
+    wd = wd - np.where(st.fp8, PR.FP8_WEIGHT_COPY_BYTES, 0.0) * embed_p / np.where(z == 3, g_dense, 1.0)
     we, ge, oe = states(expert_p, g_exp)
     layer = layer_params_gpu(model, t, st.ep)  # the model's own layer, MoE experts E / ep (shape_terms)
     gathered = gathered_bytes(layer, z, (largest_matrix, np.asarray(st.zero_impl) == 0))  # 0: DeepSpeed
@@ -339,9 +340,8 @@ def memory(model, st, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc, r
     keep = np.asarray(rc) != F.FULL
     in_flight = stages_in_flight(p, m, st.interleave)  # as the layers' own activations (memory.py)
     sbd = s_loc * b * d / t
-    extra = -np.where(st.fp8, PR.FP8_SAVED_SBD * sbd, 0.0) * np.ceil(
-        np.asarray(model.n_layers, dtype=float) / p
-    )
+    L_stage = np.ceil(np.asarray(model.n_layers, dtype=float) / p)
+    extra = -np.where(st.fp8, PR.FP8_SAVED_SBD * sbd, 0.0) * L_stage
     if MOE.is_moe(model):
         T = b * s_loc / t
         per = (

@@ -12,9 +12,10 @@ the attention core (flash attention), the LM head and the embedding stay bf16.
 Casts are memory-bound kernels: each linear's input is read in bf16 (2 bytes) and
 written in FP8 twice (row- and column-wise copies for the forward and weight-gradient
 GEMMs, 1 + 1 bytes), each gradient output read (2) and written once (1); the amax
-reduction is fused into the cast.  Weights are cast once per iteration (TE caches the
-FP8 weight over micro-batches): 2 + 1 + 1 bytes per weight.  FP8 keeps the bf16 weights
-and adds their FP8 copy (1 byte per parameter).  Saved linear inputs are FP8
+reduction is fused into the cast.  The weights' own casts (once per iteration: TE caches
+the FP8 weight over micro-batches) are not priced.  FP8 keeps the bf16 weights and adds
+the linear layers' FP8 copy (1 byte per parameter; none for the embedding and LM head,
+which stay bf16).  Saved linear inputs are FP8
 (1 byte instead of 2): 7 of Korthikanti's 34 s b d bytes per layer (QKV, projection and
 fc1 inputs, s b d each; fc2 input 4 s b d) are saved.
 
@@ -100,11 +101,6 @@ def cast_bytes_layer(T, d, ffn, kv_frac, mats, t, passes_fwd=1.0, attn_io=None) 
     fwd_in = 3.0 * d + ffn
     bwd_out = (1.0 + 2.0 * kv_frac) * d + d + (np.asarray(mats, dtype=float) - 1.0) * ffn + d
     return T * (passes_fwd * CAST_IN_BYTES * fwd_in + CAST_GRAD_BYTES * bwd_out) / t
-
-
-def weight_cast_bytes(params_gpu) -> np.ndarray:
-    """Once per iteration: read bf16 weights, write row- and column-wise FP8 copies."""
-    return CAST_IN_BYTES * np.asarray(params_gpu, dtype=float)
 
 
 def compiled_fp8_saved_bytes(d: ArrayLike, ffn: ArrayLike) -> np.ndarray:

@@ -334,12 +334,9 @@ def evaluate(
 
     # ---- data parallel / ZeRO over the stage's parameter shard -------------------------
     shared_p, expert_p = X.moe_params(model, d, t, p, st.ep, mats)
-    dense_p = (
-        stage_params(
-            d, L, s, V, T2.weight_split(t, st.tp_c, st.tp2d_kind), p, ffn_c, kv_frac, mats, tied, attn_w
-        )
-        + shared_p
-    )
+    w_split = T2.weight_split(t, st.tp_c, st.tp2d_kind)
+    dense_p = stage_params(d, L, s, V, w_split, p, ffn_c, kv_frac, mats, tied, attn_w) + shared_p
+    emb = V * d * np.where(tied | (p > 1), 1.0, 2.0) / w_split  # embedding and LM head: bf16 under FP8
     params_gpu = dense_p + expert_p
     bwd_window = lps * layer_compute * (f_train - f_fwd) / f_train
     fwd_window = lps * layer_compute * f_fwd / f_train
@@ -354,7 +351,6 @@ def evaluate(
         optimizer = np.zeros_like(optimizer)
     host = np.zeros_like(optimizer)
     if dm is not None:
-        emb = V * d * np.where(tied | (p > 1), 1.0, 2.0) / t
         optimizer = share * (
             D.optimizer_s(dm, fam, opt_params) + D.step_fixed_s(dm, fam, params_gpu - emb, emb)
         )
@@ -370,7 +366,9 @@ def evaluate(
     if dm is not None:
         mem = DP.memory(dm, fam, sh, dense_p, b, t, p, g_mem, sm.zero, m, v, rc, sp, hw.runtime_reserve_gb * 1e9)  # fmt: skip
         if st.is_modern or X.MOE.is_moe(model) or MLA.uses_mla(model):
-            mem = DP.adjust_dm_memory(mem, model, sm, dense_p, expert_p, d, t, p, m, b, s_loc, mats, rc, fam)
+            mem = DP.adjust_dm_memory(
+                mem, model, sm, dense_p - emb, expert_p, d, t, p, m, b, s_loc, mats, rc, fam
+            )
     else:
         drop = bool(model.shape_extras.get("dropout", True))  # dropout masks kept (formulas)
         acts = activations_bytes(b, s_loc, d, a, L, V, t, p, m, v, rc, sp, flash, False, (ffn_c / d, kv_frac, mats, drop, MLA.attention_kept_coeffs(model), MLA.op_sac_terms(model)))  # fmt: skip
@@ -380,7 +378,7 @@ def evaluate(
         big, lay = ZO.largest_matrix(d, t, ffn, kv_frac, model, mats, sm.ep), X.layer_params_gpu(model, t)  # fmt: skip
         if st.is_modern or X.MOE.is_moe(model):
             mem = X.memory(model, sm, dense_p, expert_p, acts, d, t, p, m, b, s_loc, mats, rc,
-                           hw.runtime_reserve_gb * 1e9, lg, big)  # fmt: skip
+                           hw.runtime_reserve_gb * 1e9, lg, big, emb)  # fmt: skip
         else:
             ds = sm.zero_impl == DX.DEEPSPEED
             mem = memory_per_gpu(
