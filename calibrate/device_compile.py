@@ -38,7 +38,7 @@ import numpy as np
 from calib.calibrate import device_step as D
 from calib.calibrate.device_facts import RunFacts
 from calib.calibrate.device_model import STATIC_BYTES_PER_PARAM, DeviceModel, Family, act_count
-from calib.calibrate.params import FITTED, Param
+from calib.calibrate.params import DEFAULT, FITTED, Param
 
 #: the variant tag (device_facts.variant) of a dense torch.compile run
 COMPILED = "compiled"
@@ -63,6 +63,11 @@ def _attention_s(dm: DeviceModel, f: RunFacts) -> float:
 #: compiled runs with peak memory needed to fit the family's own logit bytes beside its
 #: activation scale (two terms and one degree of freedom for their uncertainty; stated)
 MIN_LOGIT_RUNS = 3
+#: bytes per token x vocabulary entry the compiled loss keeps as the backward starts, counted
+#: (not fitted): three bf16 [T, V] tensors -- the logits, the zeroed gradient of the returned
+#: logits and the logits' gradient (the H200 traces' kernels, tests/test_device_compile.py; the
+#: CPU check fixtures/traces/h200/inductor_logits_cpu.txt); the default below MIN_LOGIT_RUNS
+COMPILED_LOGIT_BYTES = 6.0
 
 
 def _memory(dm: DeviceModel, fs: Sequence[RunFacts]) -> tuple[Param | None, Param | None]:
@@ -72,8 +77,8 @@ def _memory(dm: DeviceModel, fs: Sequence[RunFacts]) -> tuple[Param | None, Para
     NLL into reductions that keep only per-row statistics: the bf16 logits, not the eager
     stack's fp32 copies, stay alive (the traced kernels' shapes, ``docs/calibrate.md``).
     With ``MIN_LOGIT_RUNS`` runs the two are fitted together as the eager ones are
-    (device_fit.fit_memory); with fewer, or a fit that leaves no logits, the activation scale
-    is taken with the eager logit bytes and the logit bytes are the device's (None)."""
+    (device_fit.fit_memory); with fewer, or a fit that leaves no logits, the logit bytes are
+    the stated count ``COMPILED_LOGIT_BYTES`` and the activation scale is measured with it."""
     from calib.calibrate.device_fit import fit_memory
 
     timed = [f for f in fs if f.peak_mem_bytes]
@@ -84,12 +89,16 @@ def _memory(dm: DeviceModel, fs: Sequence[RunFacts]) -> tuple[Param | None, Para
             names = ", ".join(f.name for f in timed)
             return (replace(act[key], note=f"measured peak over the hand count, with its own logit bytes ({names})"),
                     replace(logit, note=f"the compiled loss's, fitted with the activation scale ({names})"))  # fmt: skip
+    logit = Param(COMPILED_LOGIT_BYTES, unit="B", status=DEFAULT,
+                  note=f"counted: three bf16 [T, V] tensors (fewer than {MIN_LOGIT_RUNS} compiled runs to fit it)")  # fmt: skip
     xs = [
-        (f.peak_mem_bytes - f.params * STATIC_BYTES_PER_PARAM[f.weights] - dm.logit_bytes.value * f.T * f.V)
+        (f.peak_mem_bytes - f.params * STATIC_BYTES_PER_PARAM[f.weights] - logit.value * f.T * f.V)
         / (f.T * f.L * float(act_count(f.family_key, f.d, f.kv / f.a, f.ffn)))
         for f in timed
     ]
-    return (_mean(xs, "", "measured peak over the hand count, the eager logit bytes") if xs else None), None
+    return (
+        _mean(xs, "", "measured peak over the hand count, the counted logit bytes") if xs else None
+    ), logit
 
 
 def fit_compiled_families(runs: Sequence[RunFacts], dm: DeviceModel) -> tuple[Family, ...]:

@@ -74,9 +74,9 @@ def render(dm: DeviceModel) -> list[str]:
                 f"{_v(f.stream_tbps, digits='.3g')} TB/s, {_v(f.kernel_fixed_s, 1e6, 'us', '.3g')} per kernel"
             )
             logits = (
-                f"{_v(f.logit_bytes, unit='B')} per token x vocabulary entry (the fused loss)"
+                f"{_v(f.logit_bytes, unit='B')} per token x vocabulary entry (the fused loss; {f.logit_bytes.note})"
                 if f.logit_bytes is not None
-                else "the eager loss's (too few compiled runs with peak memory to fit its own)"
+                else "the eager loss's (a calibration saved before stop 34)"
             )
             L.append(f"    torch.compile: logits memory {logits}")
     if dm.runs:
