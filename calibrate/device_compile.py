@@ -70,7 +70,7 @@ MIN_LOGIT_RUNS = 3
 COMPILED_LOGIT_BYTES = 6.0
 
 
-def _memory(dm: DeviceModel, fs: Sequence[RunFacts]) -> tuple[Param | None, Param | None]:
+def _memory(fs: Sequence[RunFacts]) -> tuple[Param | None, Param]:
     """(activation scale, logit bytes) of a compiled family from its runs' peaks.
 
     The compiled graph holds the loss, and Inductor fuses HF's fp32 upcast, log-softmax and
@@ -90,7 +90,8 @@ def _memory(dm: DeviceModel, fs: Sequence[RunFacts]) -> tuple[Param | None, Para
             return (replace(act[key], note=f"measured peak over the hand count, with its own logit bytes ({names})"),
                     replace(logit, note=f"the compiled loss's, fitted with the activation scale ({names})"))  # fmt: skip
     logit = Param(COMPILED_LOGIT_BYTES, unit="B", status=DEFAULT,
-                  note=f"counted: three bf16 [T, V] tensors (fewer than {MIN_LOGIT_RUNS} compiled runs to fit it)")  # fmt: skip
+                  note=f"counted, three bf16 [T, V] tensors: not fitted (fewer than {MIN_LOGIT_RUNS} compiled runs "
+                       "with peak memory, or no logit term left by the fit)")  # fmt: skip
     xs = [
         (f.peak_mem_bytes - f.params * STATIC_BYTES_PER_PARAM[f.weights] - logit.value * f.T * f.V)
         / (f.T * f.L * float(act_count(f.family_key, f.d, f.kv / f.a, f.ffn)))
@@ -116,7 +117,7 @@ def fit_compiled_families(runs: Sequence[RunFacts], dm: DeviceModel) -> tuple[Fa
         fs = [f for f in cr if f.family_key == key]
         names = ", ".join(f.name for f in fs)
         eager, _ = dm.family(fs[0].mlp, fs[0].weights, compiled=False)
-        act, logit = _memory(dm, fs)
+        act, logit = _memory(fs)
         act = act or replace(eager.act_scale, note="no measured peak memory: the eager family's")
         (fam,) = fit_families(fs, bw, t0, {key: act})
         # runs whose graphs kept a fused attention kernel (Inductor may decompose it instead:
