@@ -51,14 +51,14 @@ def moved(system, name: str, delta: float):
 def half_width(rel_sigma_param, rmse_log: float, n_rows: int, n_params: int) -> np.ndarray | None:
     """Half-width in log time, t_{0.95, n-k} sqrt(s^2 + sigma_p^2), s^2 = n rmse^2 / (n - k);
     None without a residual degree of freedom."""
-    from scipy import stats
+    from scipy.special import stdtrit  # Student t quantile, without importing scipy.stats
 
     dof = int(n_rows) - int(n_params)
     if dof < 1 or not np.isfinite(rmse_log):
         return None
     s2 = n_rows * rmse_log**2 / dof
     sp = np.asarray(rel_sigma_param, dtype=float)
-    return stats.t.ppf(0.5 + LEVEL / 2.0, dof) * np.sqrt(s2 + sp * sp)
+    return stdtrit(dof, 0.5 + LEVEL / 2.0) * np.sqrt(s2 + sp * sp)
 
 
 def param_sigma(times, stderrs: dict[str, float], base_s) -> np.ndarray:

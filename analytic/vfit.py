@@ -272,9 +272,9 @@ def _strength(value: float, stderr: float, dof: int) -> float:
     degree of freedom or a finite error."""
     if dof < 1 or not np.isfinite(stderr) or stderr <= 0:
         return 0.0 if dof < 1 or not np.isfinite(stderr) else np.inf
-    from scipy.stats import t as student_t
+    from scipy.special import stdtrit  # Student t quantile, without importing scipy.stats
 
-    return abs(value) / (float(student_t.ppf(IDENTIFIED_QUANTILE, int(dof))) * stderr)
+    return abs(value) / (float(stdtrit(int(dof), IDENTIFIED_QUANTILE)) * stderr)
 
 
 def bound_hits(names: Sequence[str], x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[tuple]:

@@ -413,13 +413,13 @@ def interval_half_width(rel_sigma_param: ArrayLike, loo_errors: ArrayLike, level
     sqrt(1 + 1/k), the small-sample prediction interval; without any, a normal quantile
     times the parameter error alone (then it understates the model's own error).
     """
-    from scipy import stats
+    from scipy.special import ndtri, stdtrit  # t and normal quantiles (scipy.stats costs 0.3 s to import)
 
     e = np.asarray(loo_errors, dtype=float)
     e = e[np.isfinite(e)]
     sp = np.asarray(rel_sigma_param, dtype=float)
     if len(e) >= 2:
         k = len(e)
-        q = stats.t.ppf(0.5 + level / 2.0, k - 1)
+        q = stdtrit(k - 1, 0.5 + level / 2.0)
         return q * np.sqrt(np.mean(e * e) + sp * sp) * np.sqrt(1.0 + 1.0 / k)
-    return stats.norm.ppf(0.5 + level / 2.0) * sp
+    return ndtri(0.5 + level / 2.0) * sp
