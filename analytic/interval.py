@@ -47,24 +47,31 @@ def iter_interval(model, system, st, iter_s) -> tuple[np.ndarray, np.ndarray, li
     """(lower, upper, notes) of each strategy's iteration time, or None without a device model
     or a validation fit (analytic.fit_interval)."""
     from calib.analytic.fit_interval import validation_interval
-    from calib.analytic.timemodel import evaluate
+    from calib.analytic.timemodel import comm_times, evaluate
 
     dm = system.cal.device_model
     if dm is None or not dm.families:
         return validation_interval(model, system, st, iter_s)
+    # the device model's terms do not touch the network: one set of collective times serves
+    # every re-evaluation below (most of evaluate's cost for a few strategies)
+    comm = comm_times(model, system, st)
+
+    def iter_with(other_dm) -> np.ndarray:
+        """The strategies' iteration seconds with ``other_dm`` in place of the device model."""
+        other = replace(system, cal=replace(system.cal, device_model=other_dm))
+        return np.asarray(evaluate(model, other, st, comm=comm, lean=True)["iter_s"], dtype=float)
+
     it = np.asarray(iter_s, dtype=float)
     var = np.zeros_like(it)
     for p in perturbations(dm):
-        r = evaluate(model, replace(system, cal=replace(system.cal, device_model=p)), st, lean=True)
-        var = var + (np.asarray(r["iter_s"], dtype=float) / it - 1.0) ** 2
+        var = var + (iter_with(p) / it - 1.0) ** 2
     loo = loo_rel_errors(dm, dm.compiled)
     half = interval_half_width(np.sqrt(var), loo, LEVEL)
     moved = system.device_model is not dm  # the traced host's per-operator cost, carried over
     # a host-bound step may be as fast as its device time on another host: the host's cost
     # per operator is the traced host's, and two hosts of the same H100 machine issued the
     # same run 25 % apart (fixtures/traces/h100b); device-bound steps are unchanged
-    fast = replace(system, cal=replace(system.cal, device_model=host_free(dm)))
-    floor = np.asarray(evaluate(model, fast, st, lean=True)["iter_s"], dtype=float)
+    floor = iter_with(host_free(dm))
     notes = [
         f"{LEVEL:.0%} interval (iter_s_lo..iter_s_hi): the device model's fitted terms' standard errors"
         f" and its leave-one-run-out errors on {len(loo)} traced run(s) (Student t)"
@@ -94,8 +101,7 @@ def iter_interval(model, system, st, iter_s) -> tuple[np.ndarray, np.ndarray, li
         )
     alt = sm_bound_transfer(system, dm) if moved else None
     if alt is not None:  # the memory-bound kernels' other physical limit
-        other = replace(system, cal=replace(system.cal, device_model=alt))
-        it_alt = np.asarray(evaluate(model, other, st, lean=True)["iter_s"], dtype=float)
+        it_alt = iter_with(alt)
         lo, hi = np.minimum(lo, np.maximum(it_alt * (1.0 - half), 0.0)), np.maximum(hi, it_alt * (1.0 + half))
         notes.append(
             "memory-bound kernels move between the compute ratio and the HBM ratio (each runs at the lower of"
